@@ -1,0 +1,36 @@
+"""The stage protocol every backend implements (the decoding loop sees nothing else)."""
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+
+class Stage(Protocol):
+    """One graph, ready to run, with its layers' KV buffers bound to itself in place.
+
+    `run` takes the small per-call inputs by name and returns the non-KV outputs by name. Returned
+    arrays may be views into stage-owned buffers that the next call overwrites: copy what you keep.
+    """
+
+    name: str
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+    def kv_buffer(self, name: str) -> np.ndarray | None: ...
+
+    def close(self) -> None: ...
+
+
+class OutputBuffers:
+    """Preallocated `[1, rows, width]` output buffers that grow on demand, so steps allocate nothing."""
+
+    def __init__(self, widths: dict[str, int], rows: int, dtype=np.float32):
+        self.widths, self.dtype = widths, dtype
+        self.arrays = {n: np.empty((1, rows, w), dtype) for n, w in widths.items()}
+
+    def views(self, rows: int) -> dict[str, np.ndarray]:
+        for name, arr in self.arrays.items():
+            if arr.shape[1] < rows:
+                self.arrays[name] = np.empty((1, max(rows, 2 * arr.shape[1]), self.widths[name]), self.dtype)
+        return {name: arr[:, :rows] for name, arr in self.arrays.items()}

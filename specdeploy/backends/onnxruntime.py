@@ -1,0 +1,113 @@
+"""ONNX Runtime stages: KV buffers bound in place with IOBinding, session options for decode.
+
+Binding the same OrtValue as `past_*` input and `present_*` output lets the TensorScatter kernel
+update the cache in place; outputs are written straight into preallocated numpy buffers.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from .. import io_names
+from ..errors import BackendError, ConfigError
+from ..manifest import GraphInfo, Manifest
+from .base import OutputBuffers
+
+PROVIDERS = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+}
+
+
+def session_options(threads: int | None = None, log_severity: int = 3) -> ort.SessionOptions:
+    """Small-batch decode: one pool per session sized to the cores, no busy-spinning.
+
+    Draft and verify sessions alternate; spinning pools would fight over the same cores.
+    """
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.intra_op_num_threads = threads or max(1, os.cpu_count() or 1)
+    so.inter_op_num_threads = 1
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    so.log_severity_level = log_severity
+    return so
+
+
+def providers_for(provider: str) -> list[str]:
+    if provider not in PROVIDERS:
+        raise ConfigError(f"unknown provider '{provider}'; pick one of {', '.join(PROVIDERS)}")
+    wanted = PROVIDERS[provider]
+    if wanted not in ort.get_available_providers():
+        raise BackendError(
+            f"ONNX Runtime here has no {wanted}; install onnxruntime-gpu (in place of onnxruntime) "
+            f"on a machine with CUDA, or use --provider cpu"
+        )
+    return [wanted] if provider == "cpu" else [wanted, "CPUExecutionProvider"]
+
+
+class OrtStage:
+    def __init__(self, name: str, session: ort.InferenceSession, graph: GraphInfo, kv: dict):
+        self.name, self.session, self.graph = name, session, graph
+        self.binding = session.io_binding()
+        self.kv = kv
+        for out_name, in_name in io_names.kv_aliases(graph.layers).items():
+            self.binding.bind_ortvalue_input(in_name, kv[in_name])
+            self.binding.bind_ortvalue_output(out_name, kv[in_name])
+        outs = [o for o in session.get_outputs() if o.name not in io_names.kv_aliases(graph.layers)]
+        self.buffers = OutputBuffers({o.name: int(o.shape[-1]) for o in outs}, rows=8)
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        rows = 0
+        for name, array in feeds.items():
+            self.binding.bind_cpu_input(name, array)
+            rows = rows or array.shape[1]
+        views = self.buffers.views(rows)
+        for name, view in views.items():
+            self.binding.bind_output(name, "cpu", 0, view.dtype, view.shape, view.ctypes.data)
+        try:
+            self.session.run_with_iobinding(self.binding)
+        except Exception as exc:  # ORT raises its own exception types
+            raise BackendError(f"{self.name} graph failed in ONNX Runtime: {exc}") from exc
+        return views
+
+    def kv_buffer(self, name: str) -> np.ndarray | None:
+        value = self.kv.get(name)
+        return None if value is None else value.numpy()
+
+    def close(self) -> None:
+        self.binding.clear_binding_inputs()
+        self.binding.clear_binding_outputs()
+
+
+def allocate_kv(manifest: Manifest, layers: range) -> dict:
+    """Zeroed KV buffers `[1, Hkv, max_context, D]`; the numpy arrays back the OrtValues directly."""
+    dtype = np.dtype(manifest.kv_dtype)
+    return {
+        name: ort.OrtValue.ortvalue_from_numpy(np.zeros(manifest.kv_shape, dtype))
+        for name in io_names.kv_inputs(layers)
+    }
+
+
+def load_stages(bundle: Path, manifest: Manifest, provider: str = "cpu", threads: int | None = None,
+                log_severity: int = 3) -> dict[str, OrtStage]:
+    providers = providers_for(provider)
+    stages = {}
+    for name, graph in manifest.graphs.items():
+        path = Path(bundle) / graph.file
+        try:
+            session = ort.InferenceSession(
+                str(path), session_options(threads, log_severity), providers=providers
+            )
+        except Exception as exc:
+            raise BackendError(
+                f"ONNX Runtime {ort.__version__} cannot load {path.name}: {str(exc).splitlines()[0]}; "
+                f"bundles need onnxruntime>=1.25 (opset 24); re-export or upgrade"
+            ) from exc
+        stages[name] = OrtStage(name, session, graph, allocate_kv(manifest, graph.layers))
+    return stages

@@ -1,0 +1,56 @@
+"""PyTorch reference stages over the split modules: the golden model for parity checks.
+
+Same Stage protocol as the real backends, so the exporter validates ONNX Runtime against it by
+running one schedule through both. Needs torch (export extra); never used by the runtime.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .. import io_names
+from ..manifest import Manifest
+
+
+class TorchStage:
+    def __init__(self, name: str, module: torch.nn.Module, layers: range, kv_shape):
+        self.name, self.module, self.layers = name, module.eval(), layers
+        self.kv = [torch.zeros(kv_shape) for _ in range(2 * len(layers))]
+
+    @torch.no_grad()
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        tensors = {k: torch.from_numpy(np.array(v)) for k, v in feeds.items()}
+        if io_names.HIDDEN_IN in tensors and not len(self.layers):
+            return {io_names.LOGITS: self.module(tensors[io_names.HIDDEN_IN]).numpy()}
+        first = tensors.get(io_names.INPUT_IDS, tensors.get(io_names.HIDDEN_IN))
+        outputs = self.module(
+            first, tensors[io_names.POSITION_IDS], tensors[io_names.WRITE_INDEX],
+            tensors[io_names.ATTENTION_MASK], self.kv,
+        )
+        self.kv = list(outputs[1:])
+        return {io_names.HIDDEN_OUT: outputs[0].numpy()}
+
+    def kv_buffer(self, name: str):
+        names = io_names.kv_inputs(self.layers)
+        return self.kv[names.index(name)].numpy() if name in names else None
+
+    def close(self) -> None:
+        pass
+
+
+def reference_stages(model, manifest: Manifest, adapter=None, vocab_ids=None) -> dict:
+    from ..export.split import DraftModule, HeadModule, VerifyModule
+
+    k, shape = manifest.exit_layer, manifest.kv_shape
+    stages = {
+        io_names.DRAFT: TorchStage("draft", DraftModule(model, k), range(0, k), shape),
+        io_names.VERIFY: TorchStage(
+            "verify", VerifyModule(model, k), range(k, manifest.model.num_layers), shape
+        ),
+        io_names.HEAD: TorchStage("head", HeadModule(model), range(0), shape),
+    }
+    if io_names.DRAFT_HEAD in manifest.graphs:
+        stages[io_names.DRAFT_HEAD] = TorchStage(
+            "draft_head", HeadModule(model, adapter, vocab_ids), range(0), shape
+        )
+    return stages

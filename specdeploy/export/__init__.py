@@ -1,0 +1,1 @@
+"""Split a Hugging Face decoder into draft / verify / head ONNX graphs (needs the export extra)."""

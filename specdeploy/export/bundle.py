@@ -1,0 +1,147 @@
+"""`specdeploy export`: model -> validated bundle directory (graphs, weights, manifest, tokenizer)."""
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import io_names
+from .. import manifest as manifest_io
+from ..config import MAX_DRAFT_TOKENS
+from ..errors import ConfigError
+from ..manifest import GraphInfo, Manifest
+from ..runtime.drafting import SOURCES
+
+log = logging.getLogger("specdeploy")
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    source: Path
+    exit_layer: int
+    num_draft_tokens: int = 4
+    max_context: int = 2048
+    output: Path = Path("engine.plan")
+    draft_source: str = "early_exit"
+    validate: bool = True
+
+    def __post_init__(self):
+        if self.exit_layer < 1:
+            raise ConfigError(f"exit_layer={self.exit_layer} must be >= 1")
+        if not (1 <= self.num_draft_tokens <= MAX_DRAFT_TOKENS):
+            raise ConfigError(f"num_draft_tokens={self.num_draft_tokens} must be in 1..{MAX_DRAFT_TOKENS}")
+        if not (16 <= self.max_context <= 32768):
+            raise ConfigError(f"max_context={self.max_context} must be in 16..32768")
+        if self.draft_source not in SOURCES:
+            raise ConfigError(f"draft_source='{self.draft_source}' is unknown; pick one of {', '.join(SOURCES)}")
+
+    def check_layers(self, num_layers: int) -> None:
+        if self.exit_layer >= num_layers:
+            raise ConfigError(
+                f"exit_layer={self.exit_layer} must be < num_layers={num_layers}; pick 1..{num_layers - 1}"
+            )
+
+
+def decoder_graphs(k: int, num_layers: int) -> dict[str, GraphInfo]:
+    graphs = {}
+    for name, first, layers in ((io_names.DRAFT, io_names.INPUT_IDS, (0, k)),
+                                (io_names.VERIFY, io_names.HIDDEN_IN, (k, num_layers))):
+        inputs, outputs = io_names.decoder_io(first, range(*layers))
+        graphs[name] = GraphInfo(f"{name}.onnx", tuple(inputs), tuple(outputs), layers)
+    inputs, outputs = io_names.head_io()
+    graphs[io_names.HEAD] = GraphInfo("head.onnx", tuple(inputs), tuple(outputs))
+    return graphs
+
+
+def write_graphs(model, manifest: Manifest, out: Path, adapter=None, vocab_ids=None) -> dict:
+    """Export every graph of `manifest` into `out` with one shared weights file."""
+    from . import onnx_export, weights
+
+    raw = out / "raw"
+    raw.mkdir()
+    k, ctx = manifest.exit_layer, manifest.max_context
+    onnx_export.export_draft(model, k, ctx, raw / "draft.onnx")
+    onnx_export.export_verify(model, k, ctx, raw / "verify.onnx")
+    onnx_export.export_head(model, raw / "head.onnx")
+    if io_names.DRAFT_HEAD in manifest.graphs:
+        onnx_export.export_head(model, raw / "draft_head.onnx", adapter, vocab_ids)
+    files = {name: raw / f"{name}.onnx" for name in manifest.graphs}
+    sizes = weights.share(files, out, manifest.weights)
+    shutil.rmtree(raw)
+    return sizes
+
+
+def save_tokenizer(tokenizer, out: Path) -> tuple[str, str | None]:
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save_pretrained(tmp)
+        shutil.copy(Path(tmp) / "tokenizer.json", out / "tokenizer.json")
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, str) and template:
+        (out / "chat_template.jinja").write_text(template)
+        return "tokenizer.json", "chat_template.jinja"
+    return "tokenizer.json", None
+
+
+def build_manifest(model, tokenizer, config: ExportConfig, name: str) -> Manifest:
+    from .arch import eos_ids, model_info
+
+    info = model_info(model, name, eos_ids(model, tokenizer))
+    config.check_layers(info.num_layers)
+    return Manifest(
+        model=info, exit_layer=config.exit_layer, num_draft_tokens=config.num_draft_tokens,
+        max_context=config.max_context, graphs=decoder_graphs(config.exit_layer, info.num_layers),
+        draft_source=config.draft_source,
+    )
+
+
+def validate_bundle(model, bundle: Path, manifest: Manifest, adapter=None, vocab_ids=None) -> dict:
+    from ..backends import load_stages
+    from ..backends.torch_ref import reference_stages
+    from ..runtime.split_model import SplitModel
+    from .validate import compare
+
+    exported = SplitModel(manifest, load_stages(bundle, manifest))
+    reference = SplitModel(manifest, reference_stages(model, manifest, adapter, vocab_ids))
+    return compare(exported, reference, manifest.precision)
+
+
+def install(staging: Path, output: Path) -> None:
+    """Move a finished bundle into place, replacing an older bundle only once the new one is whole."""
+    output = Path(output)
+    if output.exists() and not (output / manifest_io.MANIFEST_FILE).is_file():
+        raise ConfigError(f"{output} exists and is not a bundle; choose another --output")
+    old = output.with_name(output.name + ".old")
+    if output.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        output.rename(old)
+    shutil.move(str(staging), str(output))
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def export(config: ExportConfig) -> Path:
+    """Export, validate and install a bundle; returns its path."""
+    from .arch import load
+
+    model, tokenizer = load(config.source)
+    manifest = build_manifest(model, tokenizer, config, Path(config.source).name)
+    output = Path(config.output).resolve()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=output.parent, prefix=".export-") as tmp:
+        staging = Path(tmp) / "bundle"
+        staging.mkdir()
+        log.info("exporting %s: exit layer %d of %d", manifest.model.name, config.exit_layer,
+                 manifest.model.num_layers)
+        sizes = write_graphs(model, manifest, staging)
+        tok, template = save_tokenizer(tokenizer, staging)
+        manifest = manifest.replace(tokenizer=tok, chat_template=template,
+                                    extra={"weights_bytes": sizes["written"],
+                                           "weights_bytes_before_dedup": sizes["referenced"]})
+        manifest_io.write(staging, manifest)
+        if config.validate:
+            diffs = validate_bundle(model, staging, manifest)
+            manifest = manifest.replace(extra={**manifest.extra, "validation_max_abs_diff": diffs})
+            manifest_io.write(staging, manifest)
+        install(staging, output)
+    return output

@@ -1,0 +1,141 @@
+"""Draft / verify / head halves of one Hugging Face decoder, as thin wrappers over its own modules.
+
+`DraftModule` = embeddings + layers [0, k); `VerifyModule` = layers [k, L); `HeadModule` = final
+norm + LM head (optionally behind an exit adapter and over a subset of the vocabulary). The
+wrappers run eagerly as the PyTorch reference and export to ONNX unchanged.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import transformers
+
+ATTN_IMPLEMENTATION = "specdeploy"
+
+
+def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Attention over the valid prefix of the static cache with the caller's explicit bool mask.
+
+    In export this becomes one ONNX `Attention` node with native GQA (no repeat_kv expand).
+    """
+    # query [B, Hq, S, D]; key/value [B, Hkv, T, D]; attention_mask bool [B, 1, S, T]
+    if torch.onnx.is_in_onnx_export():
+        out = torch.onnx.ops.attention(
+            query, key, value, attention_mask, scale=scaling,
+            q_num_heads=query.shape[1], kv_num_heads=key.shape[1],
+        )[0]
+    else:
+        out = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, scale=scaling,
+            enable_gqa=query.shape[1] != key.shape[1],
+        )
+    return out.transpose(1, 2).contiguous(), None  # [B, S, Hq, D]
+
+
+transformers.AttentionInterface.register(ATTN_IMPLEMENTATION, _attention)
+
+
+def _write_rows(buffer: torch.Tensor, update: torch.Tensor, write_index: torch.Tensor):
+    """Write `update` rows into `buffer` at `write_index` along the sequence axis, in place.
+
+    Exported as ONNX TensorScatter (opset 24), which ONNX Runtime and TensorRT run in place when
+    input and output are bound to the same memory.
+    """
+    # buffer [B, Hkv, S_max, D]; update [B, Hkv, S, D]; write_index [B]
+    if torch.onnx.is_in_onnx_export():
+        return torch.onnx.ops.symbolic(
+            "TensorScatter", [buffer, update, write_index], {"axis": -2, "mode": "linear"},
+            dtype=buffer.dtype, shape=buffer.shape, version=24,
+        )
+    rows = update.shape[2]
+    index = (write_index.view(-1, 1) + torch.arange(rows)).view(buffer.shape[0], 1, rows, 1)
+    return buffer.scatter(2, index.expand(-1, buffer.shape[1], -1, buffer.shape[3]), update)
+
+
+class StaticKV:
+    """Duck-typed transformers cache over preallocated buffers; returns the valid prefix only."""
+
+    def __init__(self, keys, values, write_index, total: int, first_layer: int):
+        self.keys, self.values = list(keys), list(values)
+        self.write_index, self.total, self.first_layer = write_index, total, first_layer
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        i = layer_idx - self.first_layer
+        self.keys[i] = _write_rows(self.keys[i], key_states, self.write_index)
+        self.values[i] = _write_rows(self.values[i], value_states, self.write_index)
+        return self.keys[i][:, :, : self.total], self.values[i][:, :, : self.total]
+
+
+def causal_mask(write_index, seq: int, attention_mask):
+    """bool [1, 1, S, T]: key j is visible to query i iff j <= write_index + i and not padding.
+
+    Rows past the valid length are never visible, which is what makes rollback free.
+    """
+    total = attention_mask.shape[1]
+    keys = torch.arange(total).view(1, 1, 1, -1)
+    queries = write_index.view(-1, 1, 1, 1) + torch.arange(seq).view(1, 1, -1, 1)
+    return (keys <= queries) & attention_mask.bool()[:, None, None, :]
+
+
+class _LayerRange(torch.nn.Module):
+    def __init__(self, model, first: int, last: int):
+        super().__init__()
+        self.model, self.first, self.last = model, first, last
+        model.config._attn_implementation = ATTN_IMPLEMENTATION
+
+    def run_layers(self, hidden, position_ids, write_index, attention_mask, past):
+        inner = self.model.model
+        n = self.last - self.first
+        cache = StaticKV(past[:n], past[n:], write_index, attention_mask.shape[1], self.first)
+        mask = causal_mask(write_index, hidden.shape[1], attention_mask)
+        position_embeddings = inner.rotary_emb(hidden, position_ids)
+        for layer in inner.layers[self.first : self.last]:
+            hidden = layer(
+                hidden, attention_mask=mask, position_ids=position_ids, cache=cache,
+                position_embeddings=position_embeddings,
+            )
+            if isinstance(hidden, tuple):
+                hidden = hidden[0]
+        return (hidden, *cache.keys, *cache.values)
+
+
+class DraftModule(_LayerRange):
+    """Embeddings + layers [0, k): returns h_k for every row and the updated shallow KV."""
+
+    def __init__(self, model, exit_layer: int):
+        super().__init__(model, 0, exit_layer)
+
+    def forward(self, input_ids, position_ids, write_index, attention_mask, past: list):
+        hidden = self.model.model.embed_tokens(input_ids)  # [1, S, H]
+        return self.run_layers(hidden, position_ids, write_index, attention_mask, past)
+
+
+class VerifyModule(_LayerRange):
+    """Layers [k, L) from cached h_k rows: returns the final (pre-norm) hidden rows and deep KV."""
+
+    def __init__(self, model, exit_layer: int):
+        super().__init__(model, exit_layer, model.config.num_hidden_layers)
+
+    def forward(self, hidden_in, position_ids, write_index, attention_mask, past: list):
+        return self.run_layers(hidden_in, position_ids, write_index, attention_mask, past)
+
+
+class HeadModule(torch.nn.Module):
+    """Optional exit adapter -> final norm -> LM head, over all or a subset of the vocabulary.
+
+    The subset is gathered from the one LM-head weight inside the graph, so no second copy of the
+    head is stored.
+    """
+
+    def __init__(self, model, adapter: torch.nn.Module | None = None, vocab_ids=None):
+        super().__init__()
+        self.norm, self.lm_head, self.adapter = model.model.norm, model.lm_head, adapter
+        self.vocab_ids = None if vocab_ids is None else torch.as_tensor(vocab_ids, dtype=torch.int64)
+
+    def forward(self, hidden_in):
+        hidden = hidden_in if self.adapter is None else self.adapter(hidden_in)
+        hidden = self.norm(hidden)  # [1, S, H]
+        if self.vocab_ids is None:
+            return self.lm_head(hidden)  # [1, S, V]
+        weight = self.lm_head.weight[self.vocab_ids]  # [V', H]
+        return hidden @ weight.t()  # [1, S, V']

@@ -1,0 +1,129 @@
+"""The bundle manifest: a versioned JSON file beside the graphs that drives all binding.
+
+Nothing in the runtime is inferred from file names; everything it binds is read from here.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import io_names
+from .errors import BundleError
+
+FORMAT = "specdeploy-bundle"
+SCHEMA_VERSION = 1
+MANIFEST_FILE = "manifest.json"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    architecture: str
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    num_kv_heads: int
+    head_dim: int
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None = None
+
+
+@dataclass(frozen=True)
+class GraphInfo:
+    """One graph of the bundle: file, I/O names, and which layers' KV buffers it binds."""
+
+    file: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    kv_layers: tuple[int, int] | None = None  # [first, last) or None for head graphs
+    precision: str = "fp32"
+
+    @property
+    def layers(self) -> range:
+        return range(*self.kv_layers) if self.kv_layers else range(0)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    model: ModelInfo
+    exit_layer: int
+    num_draft_tokens: int
+    max_context: int
+    graphs: dict[str, GraphInfo]
+    weights: str = "weights.bin"
+    kv_dtype: str = "float32"
+    precision: str = "fp32"
+    draft_source: str = "early_exit"
+    tokenizer: str = "tokenizer.json"
+    chat_template: str | None = None
+    draft_vocab: str | None = None            # .npy of token ids the draft head covers
+    confidence_threshold: float | None = None  # adaptive drafting: stop below this draft top-p
+    calibration: dict | None = None
+    quality: dict | None = None
+    schema_version: int = SCHEMA_VERSION
+    format: str = FORMAT
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def kv_shape(self) -> tuple[int, int, int, int]:
+        m = self.model
+        return (1, m.num_kv_heads, self.max_context, m.head_dim)
+
+    def graph(self, name: str) -> GraphInfo:
+        if name not in self.graphs:
+            raise BundleError(f"bundle has no '{name}' graph; re-export it with 'specdeploy export'")
+        return self.graphs[name]
+
+    def replace(self, **changes) -> "Manifest":
+        return dataclasses.replace(self, **changes)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+
+
+def _graph_from(d: dict) -> GraphInfo:
+    kv = d.get("kv_layers")
+    return GraphInfo(
+        file=d["file"], inputs=tuple(d["inputs"]), outputs=tuple(d["outputs"]),
+        kv_layers=tuple(kv) if kv else None, precision=d.get("precision", "fp32"),
+    )
+
+
+def from_dict(d: dict) -> Manifest:
+    if d.get("format") != FORMAT:
+        raise BundleError("not a specdeploy bundle manifest; export one with 'specdeploy export'")
+    if d.get("schema_version") != SCHEMA_VERSION:
+        raise BundleError(
+            f"bundle schema version {d.get('schema_version')} is not supported by this "
+            f"specdeploy (needs {SCHEMA_VERSION}); re-export the model"
+        )
+    model = dict(d["model"])
+    model["eos_token_ids"] = tuple(model["eos_token_ids"])
+    graphs = {name: _graph_from(g) for name, g in d["graphs"].items()}
+    rest = {k: v for k, v in d.items() if k not in ("model", "graphs")}
+    return Manifest(model=ModelInfo(**model), graphs=graphs, **rest)
+
+
+def read(bundle: Path) -> Manifest:
+    path = Path(bundle) / MANIFEST_FILE
+    if not path.is_file():
+        raise BundleError(
+            f"{bundle} is not a bundle (no {MANIFEST_FILE}); create one with "
+            f"'specdeploy export --exit-layer K MODEL --output {bundle}'"
+        )
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise BundleError(f"{path} is not valid JSON ({exc}); re-export the bundle") from None
+    manifest = from_dict(data)
+    for name in (io_names.DRAFT, io_names.VERIFY, io_names.HEAD):
+        file = Path(bundle) / manifest.graph(name).file
+        if not file.is_file():
+            raise BundleError(f"bundle {bundle} is incomplete: {file.name} is missing; re-export it")
+    return manifest
+
+
+def write(bundle: Path, manifest: Manifest) -> None:
+    (Path(bundle) / MANIFEST_FILE).write_text(manifest.to_json() + "\n")

@@ -1,0 +1,1 @@
+"""The runtime: no torch anywhere below this package."""

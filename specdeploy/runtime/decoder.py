@@ -1,0 +1,118 @@
+"""The decoding loop: prefill, then rounds of draft -> verify -> accept -> commit.
+
+The loop knows speculation and nothing about backends. Both caches are valid up to `valid`;
+`pending` is the last token sampled from the full model and not yet fed. Rejected draft rows stay
+in the KV buffers past the valid length and are overwritten by the next round: rollback is free.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from ..config import MAX_DRAFT_TOKENS, GenerationConfig
+from ..errors import ConfigError, ContextLengthError
+from .acceptance import accept_greedy, accept_sampled
+from .drafting import Draft, EarlyExitDrafter, HybridDrafter, LookupDrafter
+from .sampling import SamplingParams, sample, warp
+from .split_model import SplitModel
+from .stats import GenerationStats
+
+
+@dataclass(frozen=True)
+class Emitted:
+    """Tokens committed by one step; `drafted` marks tokens that came from accepted drafts."""
+
+    tokens: tuple[int, ...]
+    drafted: tuple[bool, ...]
+    source: str
+
+
+class Decoder:
+    def __init__(self, model: SplitModel, vocab_ids: np.ndarray | None = None,
+                 confidence_threshold: float | None = None):
+        self.model = model
+        manifest = model.manifest
+        self.default_draft_tokens = manifest.num_draft_tokens
+        self.default_source = manifest.draft_source
+        self.eos = set(manifest.model.eos_token_ids)
+        early = EarlyExitDrafter(model, vocab_ids, confidence_threshold, MAX_DRAFT_TOKENS)
+        lookup = LookupDrafter(model)
+        self.drafters = {"early_exit": early, "lookup": lookup, "hybrid": HybridDrafter(lookup, early)}
+        self.history = np.zeros(model.max_context + 1, np.int64)  # prompt + committed + pending
+
+    def check_fits(self, prompt_len: int, max_new_tokens: int) -> None:
+        if prompt_len == 0:
+            raise ConfigError("the prompt is empty; pass at least one token of text")
+        if prompt_len + max_new_tokens > self.model.max_context:
+            raise ContextLengthError(
+                f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+                f"bundle's max context {self.model.max_context}; shorten the prompt, lower "
+                f"max_new_tokens, or re-export with a larger --max-context"
+            )
+
+    def _next(self, logits: np.ndarray, params: SamplingParams, rng) -> int:
+        """Token from one full-model logits row [V]."""
+        if params.greedy:
+            return int(logits.argmax())
+        return sample(warp(logits[None], params)[0], rng)
+
+    def generate(self, prompt: list[int], config: GenerationConfig,
+                 stats: GenerationStats | None = None) -> Iterator[Emitted]:
+        """Yield committed tokens step by step; stops at EOS (not yielded) or max_new_tokens."""
+        stats = stats if stats is not None else GenerationStats()
+        self.check_fits(len(prompt), config.max_new_tokens)
+        params, rng = config.sampling, np.random.default_rng(config.seed)
+        gamma = config.num_draft_tokens or self.default_draft_tokens
+        drafter = self.drafters[config.draft_source or self.default_source]
+        stats.prompt_tokens = len(prompt)
+        began = time.perf_counter()
+        valid = len(prompt)
+        self.history[:valid] = prompt
+        hidden = self.model.deep(self.model.shallow(prompt, 0), 0)  # [P, H]
+        pending = self._next(self.model.logits(hidden[-1:])[0], params, rng)
+        stats.prefill_s = stats.first_token_s = time.perf_counter() - began
+        produced, started = 0, time.perf_counter()
+        step = Emitted((pending,), (False,), "prefill")
+        while True:
+            keep = self._trim(step, config, produced)
+            produced += len(keep.tokens)
+            stats.generated_tokens = produced
+            stats.decode_s = time.perf_counter() - started
+            if keep.tokens:
+                yield keep
+            if len(keep.tokens) < len(step.tokens) or produced >= config.max_new_tokens:
+                return
+            self.history[valid] = pending
+            budget = min(gamma, config.max_new_tokens - produced - 1) if config.speculative else 0
+            step, valid, pending = self._round(valid, pending, budget, drafter, params, rng, stats)
+
+    def _trim(self, step: Emitted, config: GenerationConfig, produced: int) -> Emitted:
+        """Cut a step at the first EOS (dropped) and at max_new_tokens."""
+        n = min(len(step.tokens), config.max_new_tokens - produced)
+        if not config.ignore_eos:
+            for i, token in enumerate(step.tokens[:n]):
+                if token in self.eos:
+                    n = i
+                    break
+        return Emitted(step.tokens[:n], step.drafted[:n], step.source)
+
+    def _round(self, valid: int, pending: int, budget: int, drafter, params, rng, stats):
+        """One round from `pending` at row `valid`: returns (emitted, new valid, new pending)."""
+        history = self.history[: valid + 1]
+        draft = drafter.draft(history, pending, valid, budget, params, rng) if budget > 0 else None
+        if draft is None:  # plain step: speculation off, no budget left, or nothing to look up
+            draft = Draft([], None, self.model.shallow([pending], valid), "plain")
+        final = self.model.deep(draft.hidden, valid)       # [m+1, H]
+        target_logits = self.model.logits(final)           # [m+1, V]
+        if params.greedy:
+            accepted, token = accept_greedy(draft.tokens, target_logits)
+        else:
+            accepted, token = accept_sampled(draft.tokens, draft.probs, warp(target_logits, params), rng)
+        committed = draft.tokens[:accepted]
+        self.history[valid + 1 : valid + 1 + accepted] = committed
+        stats.record_round(draft.source, len(draft.tokens), accepted)
+        emitted = Emitted((*committed, token), (True,) * accepted + (False,), draft.source)
+        return emitted, valid + accepted + 1, token

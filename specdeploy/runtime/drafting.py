@@ -1,0 +1,118 @@
+"""Draft sources: where a round's proposed tokens come from.
+
+Every source returns the same `Draft`: the proposed tokens, their draft distributions (None for a
+deterministic proposal), and the h_k rows of the pending token and every drafted token, whose
+shallow KV rows are written as a side effect. The verify pass then starts from those rows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .sampling import SamplingParams, sample, warp
+from .split_model import SplitModel
+
+SOURCES = ("early_exit", "lookup", "hybrid")
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    probs: np.ndarray | None  # [m, V] warped draft distributions, None when one-hot
+    hidden: np.ndarray        # [m+1, H] h_k rows of the pending token and each draft
+    source: str
+
+
+class EarlyExitDrafter:
+    """Draft token by token through the draft graph and the (calibrated) draft head."""
+
+    def __init__(self, model: SplitModel, vocab_ids: np.ndarray | None, threshold: float | None,
+                 max_draft: int = 16):
+        self.model, self.vocab_ids, self.threshold = model, vocab_ids, threshold
+        hidden, vocab = model.manifest.model.hidden_size, model.manifest.model.vocab_size
+        self.hidden = np.zeros((max_draft + 1, hidden), np.float32)  # [γmax+1, H]
+        self.probs = np.zeros((max_draft, vocab), np.float64)        # [γmax, V]
+
+    def _pick(self, logits: np.ndarray, params: SamplingParams, rng, row: int) -> tuple[int, float]:
+        """(token id in the full vocabulary, draft top probability) from draft logits [V']."""
+        if params.greedy:
+            best = int(logits.argmax())
+            confidence = 1.0
+            if self.threshold is not None:
+                confidence = float(1.0 / np.exp(logits - logits[best]).sum())
+            return self._full_id(best), confidence
+        q = warp(logits[None], params)[0]  # [V']
+        self.probs[row] = 0.0
+        if self.vocab_ids is None:
+            self.probs[row] = q
+        else:
+            self.probs[row, self.vocab_ids] = q
+        return self._full_id(sample(q, rng)), float(q.max())
+
+    def _full_id(self, index: int) -> int:
+        return index if self.vocab_ids is None else int(self.vocab_ids[index])
+
+    def draft(self, history, pending: int, start: int, budget: int, params, rng) -> Draft:
+        tokens: list[int] = []
+        token = pending
+        for i in range(budget):
+            h = self.model.shallow([token], start + i)  # [1, H]
+            self.hidden[i] = h[0]
+            candidate, confidence = self._pick(self.model.draft_logits(h)[0], params, rng, i)
+            if self.threshold is not None and confidence < self.threshold:
+                break  # rows 0..i hold h_k of the pending token and the i drafts
+            tokens.append(candidate)
+            token = candidate
+        else:  # every draft kept: the last one still needs its h_k row (no logits)
+            self.hidden[budget] = self.model.shallow([token], start + budget)[0]
+        m = len(tokens)
+        probs = None if params.greedy else self.probs[:m]
+        return Draft(tokens, probs, self.hidden[: m + 1], "early_exit")
+
+
+def find_continuation(history: np.ndarray, max_tokens: int, ngram_min: int, ngram_max: int) -> np.ndarray:
+    """Tokens that followed the most recent earlier match of the longest suffix n-gram (or empty)."""
+    length = len(history)
+    for n in range(min(ngram_max, length - 1), ngram_min - 1, -1):
+        pattern = history[length - n :]
+        windows = np.lib.stride_tricks.sliding_window_view(history[: length - 1], n)  # [N-n, n]
+        hits = np.flatnonzero((windows == pattern).all(axis=1))
+        if len(hits):
+            begin = int(hits[-1]) + n
+            return history[begin : begin + max_tokens]
+    return history[:0]
+
+
+class LookupDrafter:
+    """Copy the continuation of an earlier occurrence of the last n tokens (prompt lookup).
+
+    The copied tokens are a deterministic proposal; one batched draft-graph call writes their
+    shallow KV rows and returns the h_k rows the verify pass needs.
+    """
+
+    def __init__(self, model: SplitModel, ngram_min: int = 2, ngram_max: int = 4):
+        self.model, self.ngram_min, self.ngram_max = model, ngram_min, ngram_max
+
+    def draft(self, history, pending: int, start: int, budget: int, params, rng) -> Draft | None:
+        if budget == 0:
+            return None
+        continuation = find_continuation(history, budget, self.ngram_min, self.ngram_max)
+        if len(continuation) == 0:
+            return None
+        tokens = [int(t) for t in continuation]
+        hidden = self.model.shallow([pending, *tokens], start)  # [m+1, H]
+        return Draft(tokens, None, hidden, "lookup")
+
+
+class HybridDrafter:
+    """Lookup when the context offers a match this round, early exit otherwise."""
+
+    def __init__(self, lookup: LookupDrafter, early_exit: EarlyExitDrafter):
+        self.lookup, self.early_exit = lookup, early_exit
+
+    def draft(self, history, pending, start, budget, params, rng) -> Draft:
+        found = self.lookup.draft(history, pending, start, budget, params, rng)
+        if found is not None:
+            return found
+        return self.early_exit.draft(history, pending, start, budget, params, rng)

@@ -1,0 +1,128 @@
+"""The embeddable runtime: load a bundle, then generate or stream text."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from .. import manifest as manifest_io
+from ..backends import load_stages
+from ..config import GenerationConfig
+from ..errors import ConfigError
+from .decoder import Decoder
+from .split_model import SplitModel
+from .stats import GenerationStats
+from .tokenizer import StreamDecoder, Tokenizer
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A streamed text delta; `drafted` is True when its token was an accepted draft."""
+
+    text: str
+    token: int | None
+    drafted: bool
+
+
+@dataclass
+class Result:
+    text: str
+    tokens: list[int]
+    finish_reason: str  # "stop" (EOS or stop string) or "length"
+    stats: GenerationStats = field(default_factory=GenerationStats)
+
+
+class Engine:
+    def __init__(self, bundle: Path, backend: str = "onnxruntime", provider: str = "cpu",
+                 threads: int | None = None):
+        self.bundle = Path(bundle)
+        self.manifest = manifest_io.read(self.bundle)
+        m = self.manifest
+        template = (self.bundle / m.chat_template).read_text() if m.chat_template else None
+        self.tokenizer = Tokenizer(self.bundle / m.tokenizer, template, m.model.bos_token_id)
+        stages = load_stages(self.bundle, m, backend=backend, provider=provider, threads=threads)
+        self.model = SplitModel(m, stages)
+        vocab = np.load(self.bundle / m.draft_vocab) if m.draft_vocab else None
+        self.decoder = Decoder(self.model, vocab, m.confidence_threshold)
+
+    def encode_prompt(self, prompt) -> list[int]:
+        """Token ids of a plain string, or of chat messages rendered with the chat template."""
+        if isinstance(prompt, str):
+            text = prompt
+        elif isinstance(prompt, list):
+            text = self.tokenizer.apply_chat_template(prompt)
+        else:
+            raise ConfigError("prompt must be a string or a list of chat messages")
+        return self.tokenizer.encode(text)
+
+    def stream(self, prompt, config: GenerationConfig | None = None,
+               stats: GenerationStats | None = None, **options) -> Iterator[Piece]:
+        """Yield text pieces as tokens are committed. Stop iterating to cancel the generation."""
+        config = config or GenerationConfig(**options)
+        stats = stats if stats is not None else GenerationStats()
+        ids = self.encode_prompt(prompt)
+        detok, stops = StreamDecoder(self.tokenizer), _StopFilter(config.stop)
+        for step in self.decoder.generate(ids, config, stats):
+            for token, drafted in zip(step.tokens, step.drafted):
+                text = stops.feed(detok.push([token]))
+                if text:
+                    yield Piece(text, token, drafted)
+                if stops.stopped:
+                    stats.finish_reason = "stop"
+                    return
+        stats.finish_reason = "length" if stats.generated_tokens >= config.max_new_tokens else "stop"
+        tail = stops.feed(detok.flush()) + stops.flush()
+        if tail:
+            yield Piece(tail, None, False)
+
+    def generate(self, prompt, config: GenerationConfig | None = None, **options) -> Result:
+        config = config or GenerationConfig(**options)
+        stats = GenerationStats()
+        pieces = list(self.stream(prompt, config, stats))
+        text = "".join(p.text for p in pieces)
+        tokens = [p.token for p in pieces if p.token is not None]
+        return Result(text, tokens, stats.finish_reason, stats)
+
+    def generate_ids(self, prompt_ids: list[int], config: GenerationConfig,
+                     stats: GenerationStats | None = None) -> list[int]:
+        """Raw token ids (no text, no stop strings): what exactness tests compare."""
+        out: list[int] = []
+        for step in self.decoder.generate(list(prompt_ids), config, stats):
+            out.extend(step.tokens)
+        return out
+
+    def close(self) -> None:
+        self.model.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class _StopFilter:
+    """Cuts text at the first stop string, holding back a possible partial match while streaming."""
+
+    def __init__(self, stops: tuple[str, ...]):
+        self.stops, self.buffer, self.stopped = stops, "", False
+        self.hold = max((len(s) for s in stops), default=1) - 1
+
+    def feed(self, text: str) -> str:
+        if not self.stops or self.stopped:
+            return "" if self.stopped else text
+        self.buffer += text
+        cuts = [self.buffer.find(s) for s in self.stops if s in self.buffer]
+        if cuts:
+            self.stopped = True
+            out, self.buffer = self.buffer[: min(cuts)], ""
+            return out
+        cut = max(0, len(self.buffer) - self.hold)
+        out, self.buffer = self.buffer[:cut], self.buffer[cut:]
+        return out
+
+    def flush(self) -> str:
+        out, self.buffer = ("" if self.stopped else self.buffer), ""
+        return out

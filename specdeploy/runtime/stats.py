@@ -1,0 +1,67 @@
+"""Per-generation statistics: what was drafted, what was accepted, and how fast."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    first_token_s: float | None = None
+    finish_reason: str = "length"  # "stop" (EOS or a stop string) or "length"
+    accepted_histogram: dict[int, int] = field(default_factory=dict)
+    by_source: dict[str, list[int]] = field(default_factory=dict)  # source -> [rounds, drafted, accepted]
+
+    def record_round(self, source: str, drafted: int, accepted: int) -> None:
+        self.rounds += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.accepted_histogram[accepted] = self.accepted_histogram.get(accepted, 0) + 1
+        entry = self.by_source.setdefault(source, [0, 0, 0])
+        entry[0] += 1
+        entry[1] += drafted
+        entry[2] += accepted
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_round(self) -> float:
+        """τ: tokens committed per verify pass (1.0 for plain decoding)."""
+        return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    def summary(self) -> str:
+        return (
+            f"{self.generated_tokens} tokens, {self.tokens_per_second:.1f} tok/s, "
+            f"acceptance {self.acceptance_rate:.1%}, {self.tokens_per_round:.2f} tokens/round, "
+            f"first token {1000 * (self.first_token_s or 0):.0f} ms"
+        )
+
+    def to_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": self.generated_tokens,
+            "rounds": self.rounds,
+            "draft_tokens": self.drafted,
+            "accepted_tokens": self.accepted,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "tokens_per_round": round(self.tokens_per_round, 4),
+            "tokens_per_second": round(self.tokens_per_second, 2),
+            "time_to_first_token_s": round(self.first_token_s or 0.0, 4),
+            "accepted_histogram": {str(k): v for k, v in sorted(self.accepted_histogram.items())},
+            "by_source": {
+                s: {"rounds": r, "draft_tokens": d, "accepted_tokens": a}
+                for s, (r, d, a) in self.by_source.items()
+            },
+        }

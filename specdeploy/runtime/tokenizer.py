@@ -1,0 +1,75 @@
+"""Tokenizer, chat template and UTF-8-safe streaming detokenization (no transformers needed)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import BundleError, ConfigError
+
+
+class Tokenizer:
+    def __init__(self, path: Path, chat_template: str | None, bos_token_id: int | None = None):
+        from tokenizers import Tokenizer as HFTokenizer
+
+        if not Path(path).is_file():
+            raise BundleError(f"tokenizer file {path} is missing; re-export the bundle")
+        self._tok = HFTokenizer.from_file(str(path))
+        self.chat_template = chat_template
+        self._template = None
+        self.bos_token = self._tok.id_to_token(bos_token_id) if bos_token_id is not None else ""
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=True)
+
+    def apply_chat_template(self, messages: list[dict]) -> str:
+        """Render chat messages with the model's own template, ready for the assistant's turn."""
+        if not self.chat_template:
+            raise ConfigError("this model has no chat template; send a plain prompt instead")
+        if not isinstance(messages, list) or not messages:
+            raise ConfigError("messages must be a non-empty list of {role, content} objects")
+        for m in messages:
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise ConfigError("each message needs a string 'role' and a string 'content'")
+        if self._template is None:
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = _raise
+            self._template = env.from_string(self.chat_template)
+        return self._template.render(
+            messages=messages, add_generation_prompt=True, bos_token=self.bos_token, eos_token=""
+        )
+
+
+def _raise(message):
+    raise ConfigError(f"chat template rejected the messages: {message}")
+
+
+class StreamDecoder:
+    """Turns a growing token list into text deltas without splitting multi-byte characters.
+
+    Decodes a short window of recent tokens and holds text back while it ends in an incomplete
+    UTF-8 sequence (the replacement character), so streamed text equals the final decode.
+    """
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer, self.ids = tokenizer, []
+        self.prefix_offset = self.read_offset = 0
+
+    def push(self, tokens) -> str:
+        self.ids.extend(tokens)
+        prefix = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset])
+        text = self.tokenizer.decode(self.ids[self.prefix_offset :])
+        if len(text) > len(prefix) and not text.endswith("\ufffd"):
+            delta = text[len(prefix) :]
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+            return delta
+        return ""
+
+    def flush(self) -> str:
+        prefix = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset])
+        text = self.tokenizer.decode(self.ids[self.prefix_offset :])
+        self.prefix_offset = self.read_offset = len(self.ids)
+        return text[len(prefix) :] if len(text) > len(prefix) else ""
