@@ -108,7 +108,6 @@ class _StopFilter:
 
     def __init__(self, stops: tuple[str, ...]):
         self.stops, self.buffer, self.stopped = stops, "", False
-        self.hold = max((len(s) for s in stops), default=1) - 1
 
     def feed(self, text: str) -> str:
         if not self.stops or self.stopped:
@@ -119,9 +118,19 @@ class _StopFilter:
             self.stopped = True
             out, self.buffer = self.buffer[: min(cuts)], ""
             return out
-        cut = max(0, len(self.buffer) - self.hold)
+        cut = len(self.buffer) - self._partial_match()
         out, self.buffer = self.buffer[:cut], self.buffer[cut:]
         return out
+
+    def _partial_match(self) -> int:
+        """Length of the longest end of the buffer that could still grow into a stop string."""
+        best = 0
+        for stop in self.stops:
+            for n in range(min(len(stop) - 1, len(self.buffer)), best, -1):
+                if self.buffer.endswith(stop[:n]):
+                    best = n
+                    break
+        return best
 
     def flush(self) -> str:
         out, self.buffer = ("" if self.stopped else self.buffer), ""

@@ -1,0 +1,106 @@
+"""Command line: parse options, build a config, call one library function per command."""
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from .errors import SpecDeployError
+
+
+class _Group(click.Group):
+    """Turns every user error into one `Error: ...` line and a non-zero exit (no traceback)."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except SpecDeployError as exc:
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            click.echo(f"Error: {exc}", err=True)
+            sys.exit(1)
+        except KeyboardInterrupt:
+            click.echo("Interrupted.", err=True)
+            sys.exit(130)
+
+
+@click.group(cls=_Group)
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
+@click.option("-v", "--verbose", is_flag=True, help="Log progress.")
+@click.version_option(package_name="specdeploy")
+@click.pass_context
+def main(ctx, debug, verbose):
+    """specdeploy: self-speculative decoding for small LLMs on edge devices."""
+    ctx.obj = {"debug": debug}
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(message)s")
+    for noisy in ("torch", "onnx_ir", "onnxscript", "transformers"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+
+
+def _int_or_auto(value: str, name: str):
+    if value == "auto":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise click.BadParameter(f"{name} must be an integer or 'auto'") from None
+
+
+@main.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--exit-layer", required=True, help="Layer k to exit at (1..L-1), or 'auto' (calibrates and picks).")
+@click.option("--num-draft-tokens", default="4", show_default=True, help="Draft length γ recorded as the default, or 'auto'.")
+@click.option("--max-context", default=2048, show_default=True, help="KV buffer capacity in tokens.")
+@click.option("--output", "-o", default=Path("engine.plan"), type=click.Path(path_type=Path), show_default=True)
+@click.option("--draft-source", type=click.Choice(["early_exit", "lookup", "hybrid"]), default="early_exit", show_default=True)
+@click.option("--calibrate/--no-calibrate", default=False, help="Train an exit adapter and tune drafting (needs the export extra).")
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "int8", "fp8"]), default="fp32", show_default=True)
+@click.option("--no-validate", is_flag=True, help="Skip the ONNX Runtime vs PyTorch parity check.")
+def export(model, exit_layer, num_draft_tokens, max_context, output, draft_source, calibrate, precision, no_validate):
+    """Split MODEL (Hugging Face directory or .gguf) into a bundle of draft/verify graphs."""
+    from .pipeline import ExportRequest, run_export
+
+    request = ExportRequest(
+        source=model, exit_layer=_int_or_auto(exit_layer, "--exit-layer"),
+        num_draft_tokens=_int_or_auto(num_draft_tokens, "--num-draft-tokens"),
+        max_context=max_context, output=output, draft_source=draft_source,
+        calibrate=calibrate, precision=precision, validate=not no_validate,
+    )
+    path = run_export(request, echo=click.echo)
+    click.echo(f"bundle written to {path}")
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.argument("prompt")
+@click.option("--max-tokens", default=128, show_default=True)
+@click.option("--temperature", default=0.0, show_default=True)
+@click.option("--top-k", type=int, default=None)
+@click.option("--top-p", type=float, default=None)
+@click.option("--seed", type=int, default=None)
+@click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@click.option("--speculative/--plain", default=True, show_default=True)
+@click.option("--num-draft-tokens", type=int, default=None, help="Override the bundle's draft length.")
+@click.option("--draft-source", type=click.Choice(["early_exit", "lookup", "hybrid"]), default=None)
+@click.option("--chat/--raw", default=True, show_default=True, help="Wrap PROMPT in the chat template.")
+@click.option("--provider", type=click.Choice(["cpu", "cuda", "tensorrt"]), default="cpu", show_default=True)
+@click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]), default="onnxruntime", show_default=True)
+def generate(bundle, prompt, max_tokens, temperature, top_k, top_p, seed, stop, speculative,
+             num_draft_tokens, draft_source, chat, provider, backend):
+    """Generate text from PROMPT with BUNDLE, streaming it, then print a summary line."""
+    from .config import GenerationConfig
+    from .generate import generate_to
+
+    config = GenerationConfig(
+        max_new_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+        stop=tuple(stop), speculative=speculative, num_draft_tokens=num_draft_tokens,
+        draft_source=draft_source,
+    )
+    generate_to(bundle, prompt, config, lambda s: click.echo(s, nl=False), chat=chat,
+                provider=provider, backend=backend)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""Shared fixtures: tiny random models built in-process, exported once per test session."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE_GGUF = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+VOCAB = 96
+CHAT_TEMPLATE = (
+    "{% for m in messages %}w2 {{ m['content'] }} w3 {% endfor %}"
+    "{% if add_generation_prompt %}w4{% endif %}"
+)
+
+
+def tiny_config(arch: str):
+    import transformers
+
+    common = dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        initializer_range=0.3, bos_token_id=0, eos_token_id=1,
+    )
+    configs = {
+        "llama": lambda: transformers.LlamaConfig(tie_word_embeddings=True, **common),
+        "mistral": lambda: transformers.MistralConfig(sliding_window=None, **common),
+        "qwen2": lambda: transformers.Qwen2Config(tie_word_embeddings=False, **common),
+        "qwen3": lambda: transformers.Qwen3Config(head_dim=16, **common),
+    }
+    return configs[arch]()
+
+
+def save_tiny_model(arch: str, directory: Path, seed: int = 0) -> Path:
+    """A random model plus a word-level tokenizer ('w0' .. 'w95') and a chat template."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(tiny_config(arch)).eval()
+    model.save_pretrained(directory)
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w5"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    from tokenizers import decoders
+
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="w0", eos_token="w1", unk_token="w5"
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(directory)
+    return directory
+
+
+def export_tiny(arch: str, root: Path, exit_layer: int = 2, **options) -> Path:
+    from specdeploy.export.bundle import ExportConfig, export
+
+    model_dir = save_tiny_model(arch, root / f"{arch}-model")
+    config = ExportConfig(source=model_dir, exit_layer=exit_layer, max_context=128,
+                          output=root / f"{arch}-bundle", **options)
+    return export(config)
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle(tmp_path_factory) -> Path:
+    """An exported tiny Llama bundle (exit layer 2 of 4, context 128)."""
+    return export_tiny("llama", tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tiny_bundle) -> Path:
+    return tiny_bundle.parent / "llama-model"
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_bundle):
+    from specdeploy.runtime.engine import Engine
+
+    engine = Engine(tiny_bundle)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
+def example_bundle(tmp_path_factory) -> Path:
+    """The real example model (SmolLM2-135M-Instruct) exported at exit layer 8."""
+    if not EXAMPLE_GGUF.is_file():
+        pytest.skip(f"example model not fetched ({EXAMPLE_GGUF}); run scripts/fetch_model.sh")
+    from specdeploy.export.bundle import ExportConfig, export
+
+    prebuilt = os.environ.get("SPECDEPLOY_EXAMPLE_BUNDLE")
+    if prebuilt and (Path(prebuilt) / "manifest.json").is_file():
+        return Path(prebuilt)
+    out = tmp_path_factory.mktemp("example") / "engine.plan"
+    return export(ExportConfig(source=EXAMPLE_GGUF, exit_layer=8, max_context=1024, output=out))

@@ -1,0 +1,46 @@
+import pytest
+
+from specdeploy.config import GenerationConfig
+from specdeploy.errors import ConfigError
+from specdeploy.runtime.engine import _StopFilter
+
+
+def test_stream_concatenates_to_generate(tiny_engine):
+    cfg = GenerationConfig(max_new_tokens=20, ignore_eos=True)
+    pieces = list(tiny_engine.stream("w3 w4 w5", cfg))
+    result = tiny_engine.generate("w3 w4 w5", cfg)
+    assert "".join(p.text for p in pieces) == result.text
+    assert result.finish_reason == "length" and result.stats.generated_tokens == 20
+    assert any(p.drafted for p in pieces) or result.stats.accepted == 0
+
+
+def test_stop_string_cuts_text_and_reports_stop(tiny_engine):
+    full = tiny_engine.generate("w3 w4 w5", max_new_tokens=20, ignore_eos=True).text
+    words = full.split()
+    stop = words[5]
+    cut = tiny_engine.generate("w3 w4 w5", max_new_tokens=20, ignore_eos=True, stop=(stop,))
+    assert cut.text == full[: full.index(stop)] and cut.finish_reason == "stop"
+
+
+def test_chat_messages_use_the_template(tiny_engine):
+    ids = tiny_engine.encode_prompt([{"role": "user", "content": "w9"}])
+    assert ids == [2, 9, 3, 4]
+    with pytest.raises(ConfigError, match="role"):
+        tiny_engine.encode_prompt([{"content": "w9"}])
+
+
+def test_stop_filter_holds_back_partial_matches():
+    f = _StopFilter(("END",))
+    assert f.feed("abc E") == "abc "
+    assert f.feed("N") == ""
+    assert f.feed("D tail") == "" and f.stopped
+    assert f.feed("more") == "" and f.flush() == ""
+    g = _StopFilter(("END",))
+    assert g.feed("abc EN") + g.feed("x") + g.flush() == "abc ENx"
+
+
+def test_generation_config_validation():
+    for bad in (dict(max_new_tokens=0), dict(num_draft_tokens=0), dict(num_draft_tokens=99),
+                dict(draft_source="medusa"), dict(temperature=-0.5), dict(stop=("",))):
+        with pytest.raises(ConfigError):
+            GenerationConfig(**bad)

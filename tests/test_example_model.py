@@ -1,0 +1,45 @@
+"""The real example model (SmolLM2-135M-Instruct): exactness and behaviour on real text."""
+import pytest
+
+from specdeploy.config import GenerationConfig
+from specdeploy.runtime.engine import Engine
+from specdeploy.runtime.stats import GenerationStats
+
+PROMPTS = [
+    "Explain in three sentences why the sky is blue.",
+    "Write a Python function that returns the n-th Fibonacci number.",
+]
+
+
+@pytest.fixture(scope="module")
+def example_engine(example_bundle):
+    with Engine(example_bundle) as engine:
+        yield engine
+
+
+@pytest.mark.parametrize("source", ["early_exit", "hybrid"])
+def test_greedy_speculative_equals_plain_on_example_model(example_engine, source):
+    for prompt in PROMPTS:
+        ids = example_engine.encode_prompt([{"role": "user", "content": prompt}])
+        plain = example_engine.generate_ids(ids, GenerationConfig(max_new_tokens=48, speculative=False))
+        spec = example_engine.generate_ids(ids, GenerationConfig(max_new_tokens=48, draft_source=source))
+        assert spec == plain
+
+
+def test_repeated_passage_is_accepted_in_long_rounds(example_engine):
+    passage = "The quick brown fox jumps over the lazy dog while the cat sleeps on the warm mat."
+    prompt = [{"role": "user", "content": f"Repeat this sentence exactly: {passage} {passage}"}]
+    ids = example_engine.encode_prompt(prompt)
+    stats = GenerationStats()
+    spec = example_engine.generate_ids(ids, GenerationConfig(max_new_tokens=40, draft_source="lookup",
+                                                             num_draft_tokens=8), stats)
+    plain = example_engine.generate_ids(ids, GenerationConfig(max_new_tokens=40, speculative=False))
+    assert spec == plain
+    assert stats.acceptance_rate > 0.6 and stats.tokens_per_round > 2.5
+
+
+@pytest.mark.slow
+def test_sampled_output_is_fluent_text(example_engine):
+    result = example_engine.generate([{"role": "user", "content": "Name three colours."}],
+                                     max_new_tokens=30, temperature=0.7, seed=1)
+    assert len(result.text.split()) >= 3 and result.stats.generated_tokens > 3
