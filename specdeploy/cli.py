@@ -57,8 +57,11 @@ def _int_or_auto(value: str, name: str):
 @click.option("--draft-source", type=click.Choice(["early_exit", "lookup", "hybrid"]), default="early_exit", show_default=True)
 @click.option("--calibrate/--no-calibrate", default=False, help="Train an exit adapter and tune drafting (needs the export extra).")
 @click.option("--precision", type=click.Choice(["fp32", "fp16", "int8", "fp8"]), default="fp32", show_default=True)
+@click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="JSONL of extra calibration prompts (with --calibrate).")
 @click.option("--no-validate", is_flag=True, help="Skip the ONNX Runtime vs PyTorch parity check.")
-def export(model, exit_layer, num_draft_tokens, max_context, output, draft_source, calibrate, precision, no_validate):
+def export(model, exit_layer, num_draft_tokens, max_context, output, draft_source, calibrate, precision,
+           prompts_file, no_validate):
     """Split MODEL (Hugging Face directory or .gguf) into a bundle of draft/verify graphs."""
     from .pipeline import ExportRequest, run_export
 
@@ -66,10 +69,33 @@ def export(model, exit_layer, num_draft_tokens, max_context, output, draft_sourc
         source=model, exit_layer=_int_or_auto(exit_layer, "--exit-layer"),
         num_draft_tokens=_int_or_auto(num_draft_tokens, "--num-draft-tokens"),
         max_context=max_context, output=output, draft_source=draft_source,
-        calibrate=calibrate, precision=precision, validate=not no_validate,
+        calibrate=calibrate, precision=precision, validate=not no_validate, prompts_file=prompts_file,
     )
     path = run_export(request, echo=click.echo)
     click.echo(f"bundle written to {path}")
+
+
+@main.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--exit-layer", default="auto", show_default=True, help="Exit layer k, or 'auto' to choose among candidates.")
+@click.option("--num-draft-tokens", default="auto", show_default=True, help="Draft length γ, or 'auto'.")
+@click.option("--max-context", default=2048, show_default=True)
+@click.option("--output", "-o", default=Path("engine.plan"), type=click.Path(path_type=Path), show_default=True)
+@click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="JSONL of extra calibration prompts: {\"prompt\": ...} or {\"messages\": [...]} per line.")
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "int8", "fp8"]), default="fp32", show_default=True)
+def calibrate(model, exit_layer, num_draft_tokens, max_context, output, prompts_file, precision):
+    """Calibrate early exit for MODEL (adapter, draft vocabulary, autotune) and export a bundle."""
+    from .pipeline import ExportRequest, run_export
+
+    request = ExportRequest(
+        source=model, exit_layer=_int_or_auto(exit_layer, "--exit-layer"),
+        num_draft_tokens=_int_or_auto(num_draft_tokens, "--num-draft-tokens"),
+        max_context=max_context, output=output, calibrate=True, precision=precision,
+        prompts_file=prompts_file,
+    )
+    path = run_export(request, echo=click.echo)
+    click.echo(f"calibrated bundle written to {path}")
 
 
 @main.command()

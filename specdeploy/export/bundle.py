@@ -84,6 +84,19 @@ def save_tokenizer(tokenizer, out: Path) -> tuple[str, str | None]:
     return "tokenizer.json", None
 
 
+@dataclass(frozen=True)
+class DraftHead:
+    """Calibration results baked into the draft head graph (see specdeploy.calibration)."""
+
+    adapter: object = None              # torch module applied to h_k before the final norm
+    vocab_ids: object = None            # int64 array: the draft vocabulary, or None for all tokens
+    threshold: float | None = None      # adaptive drafting: stop below this draft top probability
+
+    @property
+    def needs_graph(self) -> bool:
+        return self.adapter is not None or self.vocab_ids is not None
+
+
 def build_manifest(model, tokenizer, config: ExportConfig, name: str) -> Manifest:
     from .arch import eos_ids, model_info
 
@@ -120,11 +133,30 @@ def install(staging: Path, output: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def export(config: ExportConfig) -> Path:
-    """Export, validate and install a bundle; returns its path."""
+def _with_draft_head(manifest: Manifest, draft: DraftHead | None, staging: Path) -> Manifest:
+    if draft is None or not draft.needs_graph:
+        return manifest.replace(confidence_threshold=draft.threshold if draft else None)
+    import numpy as np
+
+    inputs, outputs = io_names.head_io()
+    graphs = {**manifest.graphs,
+              io_names.DRAFT_HEAD: GraphInfo("draft_head.onnx", tuple(inputs), tuple(outputs))}
+    vocab_file = None
+    if draft.vocab_ids is not None:
+        vocab_file = "draft_vocab.npy"
+        np.save(staging / vocab_file, np.asarray(draft.vocab_ids, dtype=np.int64))
+    return manifest.replace(graphs=graphs, draft_vocab=vocab_file, confidence_threshold=draft.threshold)
+
+
+def export(config: ExportConfig, draft: DraftHead | None = None, calibration: dict | None = None,
+           loaded=None) -> Path:
+    """Export, validate and install a bundle; returns its path.
+
+    `loaded` is an already loaded (model, tokenizer) pair, so calibration does not load twice.
+    """
     from .arch import load
 
-    model, tokenizer = load(config.source)
+    model, tokenizer = loaded or load(config.source)
     manifest = build_manifest(model, tokenizer, config, Path(config.source).name)
     output = Path(config.output).resolve()
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -133,15 +165,15 @@ def export(config: ExportConfig) -> Path:
         staging.mkdir()
         log.info("exporting %s: exit layer %d of %d", manifest.model.name, config.exit_layer,
                  manifest.model.num_layers)
-        sizes = write_graphs(model, manifest, staging)
+        manifest = _with_draft_head(manifest, draft, staging)
+        adapter, vocab_ids = (draft.adapter, draft.vocab_ids) if draft else (None, None)
+        sizes = write_graphs(model, manifest, staging, adapter, vocab_ids)
         tok, template = save_tokenizer(tokenizer, staging)
-        manifest = manifest.replace(tokenizer=tok, chat_template=template,
-                                    extra={"weights_bytes": sizes["written"],
-                                           "weights_bytes_before_dedup": sizes["referenced"]})
-        manifest_io.write(staging, manifest)
+        extra = {"weights_bytes": sizes["written"], "weights_bytes_before_dedup": sizes["referenced"]}
+        manifest = manifest.replace(tokenizer=tok, chat_template=template, extra=extra,
+                                    calibration=calibration)
         if config.validate:
-            diffs = validate_bundle(model, staging, manifest)
-            manifest = manifest.replace(extra={**manifest.extra, "validation_max_abs_diff": diffs})
-            manifest_io.write(staging, manifest)
+            extra["validation_max_abs_diff"] = validate_bundle(model, staging, manifest, adapter, vocab_ids)
+        manifest_io.write(staging, manifest)
         install(staging, output)
     return output

@@ -1,0 +1,1 @@
+"""Calibration: exit adapter, draft vocabulary, confidence threshold and autotuning (export extra)."""

@@ -1,0 +1,108 @@
+"""Calibration on a tiny model: adapter, draft vocabulary, threshold and autotune end to end."""
+import json
+
+import numpy as np
+import pytest
+
+from specdeploy import manifest as manifest_io
+from specdeploy.calibration import autotune, prompts
+from specdeploy.calibration.pipeline import CalibrationConfig, calibrate_export, candidate_exits
+from specdeploy.config import GenerationConfig
+from specdeploy.errors import ConfigError
+from specdeploy.pipeline import ExportRequest
+from specdeploy.runtime.engine import Engine
+from specdeploy.runtime.stats import GenerationStats
+
+SMALL = CalibrationConfig(gammas=(2, 3), draft_vocab_size=48, max_new_tokens=12, train_steps=40,
+                          measure_prompts=2, measure_tokens=12)
+
+
+@pytest.fixture(scope="module")
+def calibrated(tiny_model_dir, tmp_path_factory, monkeypatch_module):
+    out = tmp_path_factory.mktemp("cal") / "bundle"
+    monkeypatch_module.setenv("SPECDEPLOY_CACHE", str(out.parent / "cache"))
+    lines = []
+    request = ExportRequest(source=tiny_model_dir, exit_layer=None, num_draft_tokens=None,
+                            max_context=128, output=out)
+    calibrate_export(request, lines.append, SMALL)
+    return out, lines
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+def test_calibration_records_its_choice(calibrated):
+    bundle, lines = calibrated
+    m = manifest_io.read(bundle)
+    assert m.exit_layer in (1, 2) and m.num_draft_tokens in (2, 3)
+    assert "draft_head" in m.graphs and m.draft_vocab == "draft_vocab.npy"
+    vocab = np.load(bundle / m.draft_vocab)
+    assert len(vocab) == 48 and np.all(np.diff(vocab) > 0)
+    cal = m.calibration
+    assert set(cal["exit_layers"]) == {"1", "2"} and "measured_speedup" in cal
+    assert "| k | γ |" in cal["table"] and any("held-out greedy agreement" in l for l in lines)
+    assert max(m.extra["validation_max_abs_diff"].values()) < 1e-3
+
+
+def test_calibrated_bundle_is_exact(calibrated):
+    bundle, _ = calibrated
+    with Engine(bundle) as engine:
+        for source in ("early_exit", "hybrid"):
+            for seed in range(3):
+                prompt = [int(t) for t in np.random.default_rng(seed).integers(2, 96, 6)]
+                base = dict(max_new_tokens=30, ignore_eos=True)
+                plain = engine.generate_ids(prompt, GenerationConfig(speculative=False, **base))
+                stats = GenerationStats()
+                spec = engine.generate_ids(prompt, GenerationConfig(draft_source=source, **base), stats)
+                assert spec == plain
+
+
+def test_draft_vocabulary_restricts_draft_tokens(calibrated):
+    bundle, _ = calibrated
+    with Engine(bundle) as engine:
+        vocab = set(np.load(bundle / engine.manifest.draft_vocab).tolist())
+        drafter = engine.decoder.drafters["early_exit"]
+        engine.generate_ids([3, 4, 5], GenerationConfig(max_new_tokens=4, ignore_eos=True))
+        from specdeploy.runtime.sampling import SamplingParams
+
+        rng = np.random.default_rng(0)
+        draft = drafter.draft(None, 7, 10, 3, SamplingParams(1.0), rng)
+        assert set(draft.tokens) <= vocab
+        assert np.allclose(draft.probs.sum(1), 1.0)
+        outside = sorted(set(range(96)) - vocab)
+        assert np.all(draft.probs[:, outside] == 0)
+
+
+def test_replay_counts_rounds_exactly():
+    match = np.array([1, 1, 0, 1, 1, 1], bool)
+    conf = np.ones(6)
+    seg = np.zeros(6, int)
+    committed, drafted, accepted, cost, rounds = autotune.replay(
+        match, conf, seg, 3, None, 1.0, lambda rows: 10.0)
+    # round 1 from 0: drafts 0,1,2 -> accepts 2, commits 3 (j=3); round 2 from 3: drafts 3,4 (n-j-1=2) -> 2 accepted, commits 3
+    assert (committed, drafted, accepted, rounds) == (6, 5, 4, 2)
+    assert cost == (4 * 1.0 + 10) + (3 * 1.0 + 10)
+
+
+def test_candidate_exits_spread_over_lower_half():
+    assert candidate_exits(30) == (5, 8, 10, 15)
+    assert all(1 <= k < 4 for k in candidate_exits(4))
+
+
+def test_user_prompt_file(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"prompt": "hi"}) + "\n" + json.dumps({"messages": [{"role": "user", "content": "x"}]}) + "\n")
+    assert prompts.load_user_prompts(f) == [[{"role": "user", "content": "hi"}], [{"role": "user", "content": "x"}]]
+    f.write_text("{not json}\n")
+    with pytest.raises(ConfigError, match="p.jsonl:1"):
+        prompts.load_user_prompts(f)
+
+
+def test_held_out_task_kinds_are_disjoint():
+    train = {c[0]["content"] for c in prompts.builtin(False)}
+    held = {c[0]["content"] for c in prompts.builtin(True)}
+    assert train and held and not train & held
