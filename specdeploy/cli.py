@@ -128,5 +128,22 @@ def generate(bundle, prompt, max_tokens, temperature, top_k, top_p, seed, stop, 
                 provider=provider, backend=backend)
 
 
+@main.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True)
+@click.option("--max-queue", default=8, show_default=True, help="Requests that may wait; more get 429.")
+@click.option("--model-name", default=None, help="Model id reported by /v1/models (default: the bundle's).")
+@click.option("--provider", type=click.Choice(["cpu", "cuda", "tensorrt"]), default="cpu", show_default=True)
+@click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]), default="onnxruntime", show_default=True)
+def serve(bundle, host, port, max_queue, model_name, provider, backend):
+    """Serve BUNDLE over an OpenAI-compatible HTTP API with a playground at /."""
+    from .serve.server import ServeConfig, serve as run_server
+
+    click.echo(f"serving {bundle} on http://{host}:{port} (playground at /, API at /v1)")
+    run_server(ServeConfig(bundle=bundle, host=host, port=port, max_queue=max_queue,
+                           model_name=model_name, provider=provider, backend=backend))
+
+
 if __name__ == "__main__":
     main()

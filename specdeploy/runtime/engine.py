@@ -61,8 +61,16 @@ class Engine:
                stats: GenerationStats | None = None, **options) -> Iterator[Piece]:
         """Yield text pieces as tokens are committed. Stop iterating to cancel the generation."""
         config = config or GenerationConfig(**options)
+        return self.stream_ids(self.encode_prompt(prompt), config, stats)
+
+    def check_fits(self, ids: list[int], config: GenerationConfig) -> None:
+        """Raise ContextLengthError/ConfigError now, before any work is queued."""
+        self.decoder.check_fits(len(ids), config.max_new_tokens)
+
+    def stream_ids(self, ids: list[int], config: GenerationConfig,
+                   stats: GenerationStats | None = None) -> Iterator[Piece]:
+        """Text pieces for already encoded prompt ids (see `stream`)."""
         stats = stats if stats is not None else GenerationStats()
-        ids = self.encode_prompt(prompt)
         detok, stops = StreamDecoder(self.tokenizer), _StopFilter(config.stop)
         for step in self.decoder.generate(ids, config, stats):
             for token, drafted in zip(step.tokens, step.drafted):

@@ -1,0 +1,1 @@
+"""`specdeploy serve`: an OpenAI-compatible HTTP server over one bundle (serve extra)."""

@@ -1,0 +1,198 @@
+"""Routes of the OpenAI-compatible server (Starlette)."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+import uuid
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.requests import Request as HttpRequest
+from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.routing import Route
+
+from ..errors import SpecDeployError
+from .metrics import Metrics
+from .schemas import Request, RequestError, parse
+from .worker import DONE, Job, QueueFull, Worker
+
+STATIC = Path(__file__).parent / "static"
+RETRY_AFTER_S = 2
+
+
+def error(status: int, message: str, kind: str = "invalid_request_error", headers=None) -> JSONResponse:
+    body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def speculative_fields(stats, source: str) -> dict:
+    """Statistics under names vLLM and llama.cpp users know."""
+    return {
+        "speculative": {**stats.to_dict(), "draft_source": source},
+        "timings": {  # llama.cpp server style
+            "prompt_n": stats.prompt_tokens, "prompt_ms": round(1000 * stats.prefill_s, 3),
+            "predicted_n": stats.generated_tokens, "predicted_ms": round(1000 * stats.decode_s, 3),
+            "predicted_per_second": round(stats.tokens_per_second, 3),
+            "draft_n": stats.drafted, "draft_n_accepted": stats.accepted,
+        },
+    }
+
+
+class Server:
+    def __init__(self, engine, model_name: str, max_queue: int = 8):
+        self.engine, self.model_name = engine, model_name
+        self.worker = Worker(engine, max_queue)
+        self.metrics = Metrics()
+
+    def _usage(self, stats) -> dict:
+        return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated_tokens,
+                "total_tokens": stats.prompt_tokens + stats.generated_tokens}
+
+    def _source(self, req: Request) -> str:
+        if not req.config.speculative:
+            return "plain"
+        return req.config.draft_source or self.engine.manifest.draft_source
+
+    async def _parse(self, http: HttpRequest, chat: bool) -> tuple[Request, list[int]]:
+        try:
+            body = json.loads(await http.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise RequestError(f"the request body is not valid JSON ({exc})") from None
+        req = parse(body, chat, self.engine.manifest.max_context)
+        ids = self.engine.encode_prompt(req.prompt)
+        if not req.max_tokens_given:  # default: as much as fits, up to the default
+            room = max(1, self.engine.manifest.max_context - len(ids))
+            config = dataclasses.replace(req.config, max_new_tokens=min(req.config.max_new_tokens, room))
+            req = dataclasses.replace(req, config=config)
+        self.engine.check_fits(ids, req.config)
+        return req, ids
+
+    async def completions(self, http: HttpRequest):
+        return await self._handle(http, chat=False)
+
+    async def chat_completions(self, http: HttpRequest):
+        return await self._handle(http, chat=True)
+
+    async def _handle(self, http: HttpRequest, chat: bool):
+        endpoint = http.url.path
+        try:
+            req, ids = await self._parse(http, chat)
+        except SpecDeployError as exc:
+            self.metrics.request(endpoint, 400)
+            self.metrics.error("invalid_request")
+            return error(400, str(exc))
+        job = Job(ids, req.config, asyncio.get_running_loop())
+        try:
+            self.worker.submit(job)
+        except QueueFull:
+            self.metrics.request(endpoint, 429)
+            self.metrics.error("queue_full")
+            return error(429, "the server is busy: the request queue is full; retry later",
+                         "rate_limit_error", {"Retry-After": str(RETRY_AFTER_S)})
+        self.metrics.request(endpoint, 200)
+        meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
+                "created": int(time.time()), "model": self.model_name}
+        if req.stream:
+            return StreamingResponse(self._events(job, req, meta), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        return await self._complete(job, req, meta)
+
+    async def _pieces(self, job: Job):
+        try:
+            while True:
+                item = await job.output.get()
+                if item is DONE:
+                    return
+                if isinstance(item, Exception):
+                    self.metrics.error("generation")
+                    raise item
+                yield item
+        finally:
+            job.cancel.set()  # client gone or finished: free the engine at the next token
+
+    async def _complete(self, job: Job, req: Request, meta: dict):
+        try:
+            text = "".join([p.text async for p in self._pieces(job)])
+        except Exception as exc:
+            return error(500, f"generation failed: {exc}", "server_error")
+        self.metrics.generation(job.stats)
+        finish = job.stats.finish_reason
+        if req.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+        obj = "chat.completion" if req.chat else "text_completion"
+        return JSONResponse({**meta, "object": obj, "choices": [choice], "usage": self._usage(job.stats),
+                             **speculative_fields(job.stats, self._source(req))})
+
+    def _chunk(self, req: Request, meta: dict, text: str | None, drafted=None, finish=None) -> dict:
+        if req.chat:
+            delta = {} if text is None else {"content": text}
+            choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+        if drafted is not None:
+            choice["drafted"] = drafted  # accepted draft token (True) or verifier token (False)
+        return {**meta, "object": "chat.completion.chunk" if req.chat else "text_completion", "choices": [choice]}
+
+    async def _events(self, job: Job, req: Request, meta: dict):
+        def sse(obj) -> str:
+            return f"data: {json.dumps(obj)}\n\n"
+
+        if req.chat:
+            first = self._chunk(req, meta, None)
+            first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
+            yield sse(first)
+        try:
+            async for piece in self._pieces(job):
+                yield sse(self._chunk(req, meta, piece.text, piece.drafted))
+        except Exception as exc:
+            yield sse({"error": {"message": f"generation failed: {exc}", "type": "server_error"}})
+            yield "data: [DONE]\n\n"
+            return
+        self.metrics.generation(job.stats)
+        last = self._chunk(req, meta, None, finish=job.stats.finish_reason)
+        last.update(usage=self._usage(job.stats), **speculative_fields(job.stats, self._source(req)))
+        yield sse(last)
+        yield "data: [DONE]\n\n"
+
+    async def models(self, http: HttpRequest):
+        m = self.engine.manifest
+        return JSONResponse({"object": "list", "data": [{
+            "id": self.model_name, "object": "model", "created": 0, "owned_by": "specdeploy",
+            "exit_layer": m.exit_layer, "num_layers": m.model.num_layers,
+            "num_draft_tokens": m.num_draft_tokens, "draft_source": m.draft_source,
+            "max_context": m.max_context, "precision": m.precision}]})
+
+    async def health(self, http: HttpRequest):
+        return JSONResponse({"status": "ok", "queue_depth": self.worker.depth})
+
+    async def metrics_text(self, http: HttpRequest):
+        return PlainTextResponse(self.metrics.render(self.worker.depth),
+                                 media_type="text/plain; version=0.0.4")
+
+    async def playground(self, http: HttpRequest):
+        return FileResponse(STATIC / "index.html", media_type="text/html")
+
+    async def not_found(self, http: HttpRequest, exc):
+        return error(404, f"no route {http.method} {http.url.path}; see /v1/models", "not_found_error")
+
+    async def method_not_allowed(self, http: HttpRequest, exc):
+        status = getattr(exc, "status_code", 500)
+        if status == 405:
+            return error(405, f"{http.method} is not allowed on {http.url.path}")
+        return error(status, "server error", "server_error")
+
+    def app(self) -> Starlette:
+        routes = [
+            Route("/", self.playground),
+            Route("/health", self.health),
+            Route("/metrics", self.metrics_text),
+            Route("/v1/models", self.models),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+        ]
+        return Starlette(routes=routes, exception_handlers={404: self.not_found, 405: self.method_not_allowed,
+                                                            500: self.method_not_allowed})

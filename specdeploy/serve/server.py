@@ -1,0 +1,52 @@
+"""Run the server with uvicorn: loopback by default, clean exit 0 on SIGTERM / SIGINT."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ConfigError, require
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    bundle: Path
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_queue: int = 8
+    provider: str = "cpu"
+    backend: str = "onnxruntime"
+    model_name: str | None = None
+    shutdown_timeout_s: int = 10
+
+    def __post_init__(self):
+        if not (0 <= self.port <= 65535):
+            raise ConfigError(f"port={self.port} must be in 0..65535")
+        if self.max_queue < 1:
+            raise ConfigError(f"max_queue={self.max_queue} must be >= 1")
+
+
+def serve(config: ServeConfig, ready=None) -> None:
+    """Load the bundle and serve until SIGTERM/SIGINT; in-flight work gets `shutdown_timeout_s`."""
+    uvicorn = require("uvicorn", "serve", "serving")
+    require("starlette", "serve", "serving")
+    from ..runtime.engine import Engine
+    from .app import Server
+
+    engine = Engine(config.bundle, backend=config.backend, provider=config.provider)
+    name = config.model_name or engine.manifest.model.name
+    server = Server(engine, name, config.max_queue)
+
+    class _Uvicorn(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            super().handle_exit(sig, frame)
+            self._captured_signals.clear()  # shut down cleanly and exit 0, do not re-raise
+
+    uv = _Uvicorn(uvicorn.Config(server.app(), host=config.host, port=config.port, log_level="warning",
+                                 timeout_graceful_shutdown=config.shutdown_timeout_s))
+    try:
+        uv.run()
+    finally:
+        server.worker.stop()
+        engine.close()
+    if not uv.started:
+        raise ConfigError(f"could not listen on {config.host}:{config.port} (in use?); pick another --port")

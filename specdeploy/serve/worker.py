@@ -1,0 +1,91 @@
+"""One decoding thread behind a bounded FIFO queue.
+
+The engine decodes one sequence at a time; requests wait their turn, a full queue is refused at
+once (the route answers 429 with Retry-After), and a cancelled job stops at its next token.
+"""
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from dataclasses import dataclass, field
+
+from ..config import GenerationConfig
+from ..runtime.stats import GenerationStats
+
+
+class QueueFull(Exception):
+    pass
+
+
+@dataclass
+class Job:
+    ids: list[int]
+    config: GenerationConfig
+    loop: asyncio.AbstractEventLoop
+    output: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancel: threading.Event = field(default_factory=threading.Event)
+    stats: GenerationStats = field(default_factory=GenerationStats)
+
+
+DONE = object()
+
+
+class Worker:
+    def __init__(self, engine, max_queue: int = 8):
+        self.engine = engine
+        self.jobs: queue.Queue = queue.Queue(maxsize=max_queue)
+        self.busy = False
+        self.current: Job | None = None
+        self.thread = threading.Thread(target=self._run, name="specdeploy-decoder", daemon=True)
+        self.thread.start()
+
+    @property
+    def depth(self) -> int:
+        """Requests waiting plus the one decoding."""
+        return self.jobs.qsize() + int(self.busy)
+
+    def submit(self, job: Job) -> None:
+        try:
+            self.jobs.put_nowait(job)
+        except queue.Full:
+            raise QueueFull from None
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Cancel everything queued and the running job; end the thread after its current token."""
+        if self.current is not None:
+            self.current.cancel.set()
+        while True:
+            try:
+                job = self.jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.cancel.set()
+                self._send(job, DONE)
+        self.jobs.put(None)
+        self.thread.join(timeout_s)
+
+    def _send(self, job: Job, item) -> None:
+        job.loop.call_soon_threadsafe(job.output.put_nowait, item)
+
+    def _run(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            if job.cancel.is_set():
+                self._send(job, DONE)
+                continue
+            self.busy, self.current = True, job
+            try:
+                for piece in self.engine.stream_ids(job.ids, job.config, job.stats):
+                    if job.cancel.is_set():
+                        job.stats.finish_reason = "cancelled"
+                        break
+                    self._send(job, piece)
+                self._send(job, DONE)
+            except Exception as exc:  # reported to the request, never kills the thread
+                self._send(job, exc)
+            finally:
+                self.busy, self.current = False, None

@@ -1,0 +1,10 @@
+import pytest
+
+from tests_serve_support import RunningServer
+
+
+@pytest.fixture(scope="module")
+def server(tiny_bundle):
+    s = RunningServer(tiny_bundle, "--max-queue", "2")
+    yield s
+    s.stop()

@@ -1,0 +1,139 @@
+"""The server, started for real on loopback, driven by the official openai client and raw HTTP."""
+import json
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from tests_serve_support import RunningServer
+
+
+
+def client(server) -> OpenAI:
+    return OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def test_openai_completion_with_speculative_stats(server):
+    r = client(server).completions.create(model="x", prompt="w3 w4 w5", max_tokens=16, temperature=0)
+    assert r.choices[0].finish_reason in ("stop", "length") and r.usage.completion_tokens >= 1
+    extra = r.model_extra
+    assert {"draft_tokens", "accepted_tokens", "acceptance_rate", "tokens_per_round"} <= set(extra["speculative"])
+    assert {"draft_n", "draft_n_accepted", "predicted_per_second"} <= set(extra["timings"])
+
+
+def test_openai_chat_streaming_ends_with_stats(server):
+    stream = client(server).chat.completions.create(
+        model="x", messages=[{"role": "user", "content": "w7 w8"}], max_tokens=20, temperature=0, stream=True)
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    final = chunks[-1]
+    assert final.choices[0].finish_reason in ("stop", "length")
+    assert final.usage.completion_tokens >= 1
+    assert "speculative" in final.model_extra
+    plain = client(server).chat.completions.create(
+        model="x", messages=[{"role": "user", "content": "w7 w8"}], max_tokens=20, temperature=0,
+        extra_body={"speculative": False})
+    assert plain.choices[0].message.content == text  # greedy: speculation changes nothing
+    assert plain.model_extra["speculative"]["draft_source"] == "plain"
+
+
+def test_raw_sse_format(server):
+    with httpx.stream("POST", server.url + "/v1/completions", json={"prompt": "w3", "max_tokens": 5, "stream": True}) as r:
+        lines = [l for l in r.iter_lines() if l]
+    assert r.headers["content-type"].startswith("text/event-stream")
+    assert lines[-1] == "data: [DONE]" and all(l.startswith("data: ") for l in lines)
+    assert "drafted" in json.loads(lines[0][6:])["choices"][0]
+
+
+@pytest.mark.parametrize("body, fragment", [
+    (b"{not json", "not valid JSON"),
+    (json.dumps({"prompt": 5}), "'prompt' is required"),
+    (json.dumps({}), "'prompt' is required"),
+    (json.dumps({"prompt": "w3", "max_tokens": -1}), "max_tokens"),
+    (json.dumps({"prompt": "w3", "max_tokens": "ten"}), "max_tokens"),
+    (json.dumps({"prompt": "w3", "temperature": 9}), "temperature"),
+    (json.dumps({"prompt": "w3", "n": 2}), "'n' must be 1"),
+    (json.dumps({"prompt": "w3", "logprobs": 3}), "not supported"),
+    (json.dumps({"prompt": "w3", "stop": [1]}), "stop"),
+    (json.dumps({"prompt": "w3", "num_draft_tokens": 100}), "num_draft_tokens"),
+    (json.dumps({"prompt": "w3", "draft_source": "medusa"}), "draft_source"),
+    (json.dumps({"prompt": " ".join(["w3"] * 120), "max_tokens": 50}), "max context"),
+    (json.dumps(["a list"]), "JSON object"),
+])
+def test_bad_requests_get_400_and_server_keeps_serving(server, body, fragment):
+    r = httpx.post(server.url + "/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert fragment in err["message"] and "Traceback" not in r.text
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_chat_bad_messages(server):
+    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": [{"role": "user"}]})
+    assert r.status_code == 400 and "content" in r.json()["error"]["message"]
+
+
+def test_models_health_metrics_and_playground(server):
+    models = httpx.get(server.url + "/v1/models").json()
+    assert models["data"][0]["exit_layer"] == 2
+    httpx.post(server.url + "/v1/completions", json={"prompt": "w3", "max_tokens": 4})
+    metrics = httpx.get(server.url + "/metrics").text
+    for name in ("specdeploy_requests_total", "specdeploy_spec_decode_num_draft_tokens_total",
+                 "specdeploy_spec_decode_acceptance_rate", "specdeploy_time_to_first_token_seconds_sum",
+                 "specdeploy_queue_depth", "specdeploy_errors_total"):
+        assert name in metrics
+    page = httpx.get(server.url + "/")
+    assert page.status_code == 200 and "/v1/chat/completions" in page.text and "drafted" in page.text
+    assert "http://" not in page.text and "https://" not in page.text  # no external assets
+    assert httpx.get(server.url + "/nope").status_code == 404
+
+
+def test_queue_overflow_gets_429_with_retry_after(tiny_bundle):
+    s = RunningServer(tiny_bundle, "--max-queue", "1")
+    try:
+        statuses, headers = [], []
+
+        def fire():
+            r = httpx.post(s.url + "/v1/completions", json={"prompt": "w3", "max_tokens": 120, "ignore_eos": True,
+                                                            "speculative": False}, timeout=60)
+            statuses.append(r.status_code)
+            headers.append(r.headers.get("retry-after"))
+
+        threads = [threading.Thread(target=fire) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert 429 in statuses and 200 in statuses
+        assert all(h is not None for st, h in zip(statuses, headers) if st == 429)
+        assert s.stop() == 0
+    finally:
+        s.stop()
+
+
+def test_disconnect_cancels_generation_and_sigterm_exits_zero(tiny_bundle):
+    s = RunningServer(tiny_bundle, "--max-queue", "1")
+    try:
+        with httpx.stream("POST", s.url + "/v1/completions", json={
+                "prompt": "w3", "max_tokens": 120, "stream": True, "speculative": False}) as r:
+            next(r.iter_lines())
+        # the engine is freed: a new request is served (not 429) promptly
+        deadline = time.time() + 20
+        r2 = None
+        while time.time() < deadline:
+            r2 = httpx.post(s.url + "/v1/completions", json={"prompt": "w3", "max_tokens": 2}, timeout=30)
+            if r2.status_code == 200:
+                break
+            time.sleep(0.2)
+        assert r2 is not None and r2.status_code == 200
+        assert s.stop(signal.SIGTERM) == 0
+    finally:
+        s.stop()
+
+
+def test_sigint_exits_zero(tiny_bundle):
+    s = RunningServer(tiny_bundle)
+    assert s.stop(signal.SIGINT) == 0
