@@ -145,5 +145,45 @@ def serve(bundle, host, port, max_queue, model_name, provider, backend):
                            model_name=model_name, provider=provider, backend=backend))
 
 
+@main.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="JSONL of {\"category\": ..., \"prompt\": ...} replacing the built-in set.")
+@click.option("--quick", is_flag=True, help="One prompt per category, 32 tokens, one repeat (< 2 min).")
+@click.option("--max-tokens", type=int, default=None, help="New tokens per prompt (default 64, quick 32).")
+@click.option("--repeats", type=int, default=None, help="Repeats per mode (median; default 3).")
+@click.option("--prompts-per-category", type=int, default=None)
+@click.option("--greedy-only", is_flag=True, help="Skip the temperature-1 runs.")
+@click.option("--compare", is_flag=True, help="Also time HF generate, HF assistant_early_exit and Optimum (needs --model).")
+@click.option("--sweep", is_flag=True, help="Sweep draft length (and --sweep-exits with --model).")
+@click.option("--sweep-exits", default="", help="Comma-separated exit layers for --sweep.")
+@click.option("--model", "model", type=click.Path(exists=True, path_type=Path), default=None,
+              help="The source model (HF directory or .gguf) for --compare / --sweep-exits.")
+@click.option("--output-dir", "-o", type=click.Path(path_type=Path), default=Path("bench-results"), show_default=True)
+@click.option("--no-plots", is_flag=True)
+def bench(bundle, prompts_file, quick, max_tokens, repeats, prompts_per_category, greedy_only, compare, sweep,
+          sweep_exits, model, output_dir, no_plots):
+    """Benchmark speculative vs plain decoding on BUNDLE (per category, greedy and T=1)."""
+    from .bench.runner import BenchConfig, bench as run_bench
+    from .bench.report import markdown
+
+    try:
+        exits = tuple(int(k) for k in sweep_exits.split(",") if k.strip())
+    except ValueError:
+        raise click.BadParameter("--sweep-exits must be comma-separated integers") from None
+    options = dict(bundle=bundle, prompts_file=prompts_file, compare=compare, sweep=sweep,
+                   sweep_exits=exits, compare_model=model, output_dir=output_dir, plots=not no_plots)
+    if greedy_only:
+        options["temperatures"] = (0.0,)
+    for key, value in (("max_new_tokens", max_tokens), ("repeats", repeats),
+                       ("prompts_per_category", prompts_per_category)):
+        if value is not None:
+            options[key] = value
+    config = BenchConfig.quick(**options) if quick else BenchConfig(**options)
+    results, files = run_bench(config)
+    click.echo(markdown(results))
+    click.echo("wrote " + ", ".join(str(f) for f in files))
+
+
 if __name__ == "__main__":
     main()

@@ -1,0 +1,163 @@
+"""Benchmark results as JSON, a Markdown table, and PNG plots (matplotlib, optional)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .timing import ModeResult
+
+
+def _mode_dict(mode: ModeResult, plain: ModeResult) -> dict:
+    return {
+        "tokens": mode.tokens, "tokens_per_second": round(mode.tokens_per_second, 2),
+        "speedup": round(mode.tokens_per_second / plain.tokens_per_second, 3) if plain.tokens_per_second else None,
+        "acceptance_rate": round(mode.acceptance_rate, 4), "tokens_per_round": round(mode.tokens_per_round, 3),
+        "time_to_first_token_ms": round(1000 * float(np.median(mode.first_token_s)), 1),
+        "by_source": {s: {"rounds": r, "draft_tokens": d, "accepted_tokens": a,
+                          "acceptance_rate": round(a / d, 4) if d else 0.0}
+                      for s, (r, d, a) in mode.by_source.items()},
+    }
+
+
+def _overall(categories, temperature) -> dict:
+    rows = [c for c in categories if c.temperature == temperature]
+    out = {}
+    for name in rows[0].modes:
+        tokens = sum(c.modes[name].tokens for c in rows)
+        seconds = sum(float(np.median(c.modes[name].seconds)) for c in rows)
+        drafted = sum(c.modes[name].drafted for c in rows)
+        accepted = sum(c.modes[name].accepted for c in rows)
+        rounds = sum(c.modes[name].rounds for c in rows)
+        out[name] = {"tokens_per_second": round(tokens / seconds, 2) if seconds else 0.0,
+                     "acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0,
+                     "tokens_per_round": round((accepted + rounds) / rounds, 3) if rounds else 0.0}
+    plain = out["plain"]["tokens_per_second"]
+    for v in out.values():
+        v["speedup"] = round(v["tokens_per_second"] / plain, 3) if plain else None
+    return out
+
+
+def summarise(manifest, categories, config) -> dict:
+    temps = sorted({c.temperature for c in categories})
+    return {
+        "bundle": {"model": manifest.model.name, "exit_layer": manifest.exit_layer,
+                   "num_layers": manifest.model.num_layers, "num_draft_tokens": manifest.num_draft_tokens,
+                   "draft_source": manifest.draft_source, "precision": manifest.precision,
+                   "calibrated": manifest.calibration is not None},
+        "settings": {"max_new_tokens": config.max_new_tokens, "repeats": config.repeats,
+                     "prompts_per_category": config.prompts_per_category,
+                     "timing": "wall time per generation incl. prefill, median of repeats"},
+        "greedy_identical_to_plain": 0.0 in temps,
+        "results": {str(t): {c.category: {m: _mode_dict(r, c.modes["plain"]) for m, r in c.modes.items()}
+                             for c in categories if c.temperature == t} for t in temps},
+        "overall": {str(t): _overall(categories, t) for t in temps},
+    }
+
+
+def _x(ratio) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}×"
+
+
+def markdown(results: dict) -> str:
+    b = results["bundle"]
+    lines = [f"# specdeploy bench: {b['model']} (exit layer {b['exit_layer']}/{b['num_layers']}, "
+             f"γ={b['num_draft_tokens']}, {b['precision']}, calibrated: {b['calibrated']})", "",
+             f"Machine: {results.get('machine', {}).get('processor', '?')}, "
+             f"{results.get('machine', {}).get('cpu_count', '?')} cores. "
+             f"{results['settings']['max_new_tokens']} new tokens, median of {results['settings']['repeats']}.", ""]
+    for temp, cats in results["results"].items():
+        modes = list(next(iter(cats.values())))
+        lines += [f"## temperature {temp}", "",
+                  "| category | plain tok/s | " + " | ".join(f"{m} α / τ / speedup" for m in modes if m != "plain") + " |",
+                  "|---|---|" + "---|" * (len(modes) - 1)]
+        rows = list(cats.items()) + [("**overall**", results["overall"][temp])]
+        for cat, r in rows:
+            cells = [f"{r[m]['acceptance_rate']:.2f} / {r[m]['tokens_per_round']:.2f} / **{_x(r[m]['speedup'])}**"
+                     for m in modes if m != "plain"]
+            lines.append(f"| {cat} | {r['plain']['tokens_per_second']:.1f} | " + " | ".join(cells) + " |")
+        lines.append("")
+    if "compare" in results:
+        lines += ["## other runtimes (same model, prompts and machine; greedy)", "",
+                  "| runtime | tok/s | vs specdeploy plain | note |", "|---|---|---|---|"]
+        for name, r in results["compare"].items():
+            tps = f"{r['tokens_per_second']:.1f}" if r.get("tokens_per_second") else "-"
+            ratio = f"{r['vs_specdeploy_plain']:.2f}×" if r.get("vs_specdeploy_plain") else "-"
+            lines.append(f"| {name} | {tps} | {ratio} | {r.get('skipped') or r.get('note', '')} |")
+        lines.append("")
+    if "sweep" in results:
+        lines += ["## sweep: exit layer × draft length (greedy, early exit)", "",
+                  "| k | γ | α | τ | c | predicted | measured |", "|---|---|---|---|---|---|---|"]
+        for r in results["sweep"]["grid"]:
+            lines.append(f"| {r['exit_layer']} | {r['num_draft_tokens']} | {r['acceptance_rate']:.2f} | "
+                         f"{r['tokens_per_round']:.2f} | {r['cost_ratio']:.2f} | {r['predicted_speedup']:.2f}× | "
+                         f"{r['measured_speedup']:.2f}× |")
+        lines.append("")
+    mem = results.get("memory")
+    if mem:
+        lines.append(f"Peak RSS: {mem['peak_rss_mb_after_load']:.0f} MB after load, "
+                     f"{mem['peak_rss_mb_after_runs']:.0f} MB after all runs ({mem['note']}).")
+    return "\n".join(lines) + "\n"
+
+
+def plots(results: dict, out: Path) -> list[Path]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    written = []
+    for temp, cats in results["results"].items():
+        modes = [m for m in next(iter(cats.values())) if m != "plain"]
+        fig, ax = plt.subplots(figsize=(9, 4))
+        x = np.arange(len(cats))
+        for i, m in enumerate(modes):
+            ax.bar(x + i * 0.8 / len(modes), [cats[c][m]["speedup"] or 0.0 for c in cats], 0.8 / len(modes), label=m)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks(x + 0.4 - 0.4 / len(modes), list(cats), rotation=20)
+        ax.set_ylabel("speedup vs plain")
+        ax.set_title(f"{results['bundle']['model']}: speedup by category (T={temp})")
+        ax.legend()
+        fig.tight_layout()
+        path = out / f"speedup_by_category_t{temp}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    if "sweep" in results:
+        written.append(_sweep_plot(results["sweep"]["grid"], out, plt))
+    return written
+
+
+def _sweep_plot(grid, out: Path, plt) -> Path:
+    exits = sorted({r["exit_layer"] for r in grid})
+    gammas = sorted({r["num_draft_tokens"] for r in grid})
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, key, title in ((axes[0], "acceptance_rate", "acceptance α"), (axes[1], "measured_speedup", "speedup")):
+        data = np.full((len(exits), len(gammas)), np.nan)
+        for r in grid:
+            data[exits.index(r["exit_layer"]), gammas.index(r["num_draft_tokens"])] = r[key]
+        im = ax.imshow(data, cmap="viridis", aspect="auto")
+        ax.set_xticks(range(len(gammas)), gammas)
+        ax.set_yticks(range(len(exits)), exits)
+        ax.set_xlabel("draft length γ")
+        ax.set_ylabel("exit layer k")
+        ax.set_title(title)
+        for (i, j), v in np.ndenumerate(data):
+            ax.text(j, i, f"{v:.2f}", ha="center", va="center", color="w", fontsize=8)
+        fig.colorbar(im, ax=ax)
+    fig.tight_layout()
+    path = out / "sweep.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write(results: dict, out: Path, with_plots: bool = True) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / "results.md").write_text(markdown(results))
+    files = [out / "results.json", out / "results.md"]
+    return files + (plots(results, out) if with_plots else [])

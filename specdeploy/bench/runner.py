@@ -1,0 +1,162 @@
+"""`specdeploy bench`: plain vs speculative decoding per category, on the same graphs, one run.
+
+Modes run interleaved on each prompt and are repeated; figures are medians. At greedy the
+speculative outputs must equal the plain outputs token for token, or the run fails.
+"""
+from __future__ import annotations
+
+import platform
+import resource
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..config import GenerationConfig
+from ..errors import SpecDeployError
+from ..runtime.engine import Engine
+from . import prompts as prompt_sets
+from .timing import ModeResult, run_modes
+
+SOURCES = ("early_exit", "lookup", "hybrid")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    bundle: Path
+    prompts_file: Path | None = None
+    max_new_tokens: int = 64
+    repeats: int = 3
+    prompts_per_category: int | None = None
+    temperatures: tuple[float, ...] = (0.0, 1.0)
+    compare_model: Path | None = None   # with --compare: the source model for HF / Optimum
+    compare: bool = False
+    sweep: bool = False
+    sweep_gammas: tuple[int, ...] = (1, 2, 3, 4, 6, 8)
+    sweep_exits: tuple[int, ...] = ()
+    output_dir: Path = Path("bench-results")
+    plots: bool = True
+
+    @classmethod
+    def quick(cls, **kw) -> "BenchConfig":
+        """Under two minutes on a 2-core CPU with the example model."""
+        return cls(**{"max_new_tokens": 32, "repeats": 1, "prompts_per_category": 1,
+                      "sweep_gammas": (2, 4), **kw})
+
+
+class GreedyMismatch(SpecDeployError):
+    pass
+
+
+@dataclass
+class CategoryResult:
+    temperature: float
+    category: str
+    modes: dict[str, ModeResult] = field(default_factory=dict)
+
+    def speedup(self, mode: str) -> float:
+        plain = self.modes["plain"].tokens_per_second
+        return self.modes[mode].tokens_per_second / plain if plain else 0.0
+
+
+def _progress(total: int):
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc="bench", leave=False)
+
+
+def modes_for(temperature: float, default_source: str, max_new_tokens: int) -> dict[str, GenerationConfig]:
+    base = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=0 if temperature else None)
+    modes = {"plain": GenerationConfig(speculative=False, **base)}
+    sources = SOURCES if temperature == 0 else (default_source,)
+    for source in sources:
+        modes[source] = GenerationConfig(draft_source=source, **base)
+    return modes
+
+
+def run_categories(engine: Engine, config: BenchConfig, prompt_set: dict[str, list[str]]) -> list[CategoryResult]:
+    chat = engine.tokenizer.chat_template is not None
+    encoded = {c: [engine.encode_prompt([{"role": "user", "content": p}] if chat else p)
+                   for p in ps[: config.prompts_per_category]] for c, ps in prompt_set.items()}
+    plans = [(t, modes_for(t, engine.manifest.draft_source, config.max_new_tokens)) for t in config.temperatures]
+    total = sum(len(m) * len(ids) * config.repeats for _, m in plans for ids in encoded.values())
+    bar = _progress(total)
+    results = []
+    for temperature, modes in plans:
+        for category, ids in encoded.items():
+            res = CategoryResult(temperature, category)
+            res.modes = run_modes(engine, ids, modes, config.repeats, bar.update if bar else None)
+            if temperature == 0:
+                check_identical(res)
+            results.append(res)
+    if bar:
+        bar.close()
+    return results
+
+
+def check_identical(res: CategoryResult) -> None:
+    plain = res.modes["plain"].outputs
+    for name, mode in res.modes.items():
+        for i, (a, b) in enumerate(zip(plain, mode.outputs)):
+            if a != b:
+                raise GreedyMismatch(
+                    f"greedy {name} output differs from plain on {res.category} prompt {i}; "
+                    f"this breaks exactness, please report it with the bundle's manifest"
+                )
+
+
+def machine_info() -> dict:
+    import numpy
+    import onnxruntime
+
+    import specdeploy
+
+    info = {"machine": platform.machine(), "processor": platform.processor() or platform.machine(),
+            "system": platform.platform(), "python": platform.python_version(),
+            "cpu_count": __import__("os").cpu_count(),
+            "packages": {"specdeploy": specdeploy.__version__, "onnxruntime": onnxruntime.__version__,
+                         "numpy": numpy.__version__}}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["processor"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return info
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run(config: BenchConfig) -> dict:
+    """Run everything the config asks for; returns the JSON-ready results."""
+    from .report import summarise
+
+    prompt_set = prompt_sets.load(config.prompts_file) if config.prompts_file else prompt_sets.builtin()
+    with Engine(config.bundle) as engine:
+        loaded_rss = peak_rss_mb()
+        categories = run_categories(engine, config, prompt_set)
+        results = summarise(engine.manifest, categories, config)
+        results["memory"] = {"peak_rss_mb_after_load": round(loaded_rss, 1),
+                             "peak_rss_mb_after_runs": round(peak_rss_mb(), 1),
+                             "note": "plain and speculative decoding share the same process, graphs and KV buffers"}
+        if config.sweep:
+            from .sweep import sweep
+
+            results["sweep"] = sweep(engine, config, prompt_set)
+    if config.compare:
+        from .compare import compare
+
+        results["compare"] = compare(config, prompt_set, results)
+    results["machine"] = machine_info()
+    return results
+
+
+def bench(config: BenchConfig) -> tuple[dict, list[Path]]:
+    """Run the benchmark and write JSON, Markdown and plots into `config.output_dir`."""
+    from .report import write
+
+    results = run(config)
+    return results, write(results, Path(config.output_dir), config.plots)

@@ -1,0 +1,58 @@
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from specdeploy.bench import prompts
+from specdeploy.bench.runner import BenchConfig, CategoryResult, GreedyMismatch, bench, check_identical
+from specdeploy.bench.sweep import expected_tokens_per_round
+from specdeploy.bench.timing import ModeResult
+from specdeploy.cli import main
+
+
+def test_builtin_prompt_set_has_seven_categories_of_eight():
+    p = prompts.builtin()
+    assert set(p) == {"chat", "code", "summarisation", "rewriting", "reasoning", "qa", "translation"}
+    assert all(len(v) >= 8 for v in p.values())
+
+
+def test_quick_bench_writes_json_markdown_and_plots(tiny_bundle, tmp_path):
+    pfile = tmp_path / "p.jsonl"
+    pfile.write_text("\n".join(json.dumps({"category": c, "prompt": f"w{i} w{i + 1} w{i + 2}"})
+                               for i, c in enumerate(["a", "a", "b"], 3)))
+    config = BenchConfig.quick(bundle=tiny_bundle, prompts_file=pfile, output_dir=tmp_path / "out", sweep=True)
+    results, files = bench(config)
+    assert results["greedy_identical_to_plain"]
+    assert set(results["results"]["0.0"]) == {"a", "b"}
+    greedy = results["overall"]["0.0"]
+    assert {"plain", "early_exit", "lookup", "hybrid"} <= set(greedy) and greedy["plain"]["speedup"] == 1.0
+    assert results["sweep"]["grid"] and "predicted_speedup" in results["sweep"]["grid"][0]
+    assert {f.name for f in files} >= {"results.json", "results.md", "speedup_by_category_t0.0.png", "sweep.png"}
+    assert "| **overall** |" in (tmp_path / "out" / "results.md").read_text()
+    assert results["machine"]["packages"]["onnxruntime"]
+
+
+def test_greedy_mismatch_fails_the_run():
+    res = CategoryResult(0.0, "x", {"plain": ModeResult(outputs=[[1, 2, 3]]), "lookup": ModeResult(outputs=[[1, 2, 4]])})
+    with pytest.raises(GreedyMismatch, match="lookup output differs"):
+        check_identical(res)
+
+
+def test_formula():
+    assert expected_tokens_per_round(0.0, 4) == 1.0
+    assert expected_tokens_per_round(1.0, 4) == 5.0
+    assert abs(expected_tokens_per_round(0.5, 2) - 1.75) < 1e-12
+
+
+def test_compare_without_model_says_why(tiny_bundle, tmp_path):
+    result = CliRunner().invoke(main, ["bench", str(tiny_bundle), "--quick", "--greedy-only", "--compare",
+                                       "--prompts-per-category", "1", "--no-plots", "-o", str(tmp_path),
+                                       "--prompts", str(_one_prompt(tmp_path))])
+    assert result.exit_code == 0, result.output
+    assert "needs --model" in result.output
+
+
+def _one_prompt(tmp_path):
+    f = tmp_path / "one.jsonl"
+    f.write_text(json.dumps({"category": "c", "prompt": "w3 w4"}) + "\n")
+    return f
