@@ -57,11 +57,15 @@ def _int_or_auto(value: str, name: str):
 @click.option("--draft-source", type=click.Choice(["early_exit", "lookup", "hybrid"]), default="early_exit", show_default=True)
 @click.option("--calibrate/--no-calibrate", default=False, help="Train an exit adapter and tune drafting (needs the export extra).")
 @click.option("--precision", type=click.Choice(["fp32", "fp16", "int8", "fp8"]), default="fp32", show_default=True)
+@click.option("--draft-precision", type=click.Choice(["fp32", "fp16", "int8", "fp8"]), default=None,
+              help="Override for the draft graph and draft head.")
+@click.option("--verify-precision", type=click.Choice(["fp32", "fp16", "int8", "fp8"]), default=None,
+              help="Override for the verify graph and head.")
 @click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="JSONL of extra calibration prompts (with --calibrate).")
 @click.option("--no-validate", is_flag=True, help="Skip the ONNX Runtime vs PyTorch parity check.")
 def export(model, exit_layer, num_draft_tokens, max_context, output, draft_source, calibrate, precision,
-           prompts_file, no_validate):
+           draft_precision, verify_precision, prompts_file, no_validate):
     """Split MODEL (Hugging Face directory or .gguf) into a bundle of draft/verify graphs."""
     from .pipeline import ExportRequest, run_export
 
@@ -70,6 +74,7 @@ def export(model, exit_layer, num_draft_tokens, max_context, output, draft_sourc
         num_draft_tokens=_int_or_auto(num_draft_tokens, "--num-draft-tokens"),
         max_context=max_context, output=output, draft_source=draft_source,
         calibrate=calibrate, precision=precision, validate=not no_validate, prompts_file=prompts_file,
+        draft_precision=draft_precision, verify_precision=verify_precision,
     )
     path = run_export(request, echo=click.echo)
     click.echo(f"bundle written to {path}")
@@ -84,7 +89,12 @@ def export(model, exit_layer, num_draft_tokens, max_context, output, draft_sourc
 @click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="JSONL of extra calibration prompts: {\"prompt\": ...} or {\"messages\": [...]} per line.")
 @click.option("--precision", type=click.Choice(["fp32", "fp16", "int8", "fp8"]), default="fp32", show_default=True)
-def calibrate(model, exit_layer, num_draft_tokens, max_context, output, prompts_file, precision):
+@click.option("--draft-precision", type=click.Choice(["fp32", "fp16", "int8", "fp8"]), default=None,
+              help="Override for the draft graph and draft head.")
+@click.option("--verify-precision", type=click.Choice(["fp32", "fp16", "int8", "fp8"]), default=None,
+              help="Override for the verify graph and head.")
+def calibrate(model, exit_layer, num_draft_tokens, max_context, output, prompts_file, precision,
+              draft_precision, verify_precision):
     """Calibrate early exit for MODEL (adapter, draft vocabulary, autotune) and export a bundle."""
     from .pipeline import ExportRequest, run_export
 
@@ -92,7 +102,7 @@ def calibrate(model, exit_layer, num_draft_tokens, max_context, output, prompts_
         source=model, exit_layer=_int_or_auto(exit_layer, "--exit-layer"),
         num_draft_tokens=_int_or_auto(num_draft_tokens, "--num-draft-tokens"),
         max_context=max_context, output=output, calibrate=True, precision=precision,
-        prompts_file=prompts_file,
+        prompts_file=prompts_file, draft_precision=draft_precision, verify_precision=verify_precision,
     )
     path = run_export(request, echo=click.echo)
     click.echo(f"calibrated bundle written to {path}")
@@ -126,6 +136,22 @@ def generate(bundle, prompt, max_tokens, temperature, top_k, top_p, seed, stop, 
     )
     generate_to(bundle, prompt, config, lambda s: click.echo(s, nl=False), chat=chat,
                 provider=provider, backend=backend)
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--precision", type=click.Choice(["fp16", "int8", "fp8"]), required=True)
+@click.option("--draft-precision", type=click.Choice(["fp32", "fp16", "int8", "fp8"]), default=None)
+@click.option("--verify-precision", type=click.Choice(["fp32", "fp16", "int8", "fp8"]), default=None)
+@click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="JSONL of extra calibration prompts ({\"prompt\": ...} or {\"messages\": [...]}).")
+@click.option("--output", "-o", type=click.Path(path_type=Path), required=True, help="Where to write the quantized bundle.")
+def quantize(bundle, precision, draft_precision, verify_precision, prompts_file, output):
+    """Write a quantized copy of the fp32 BUNDLE and print its quality report."""
+    from .quantize import quantize as run_quantize
+
+    path = run_quantize(bundle, output, precision, draft_precision, verify_precision, prompts_file, click.echo)
+    click.echo(f"quantized bundle written to {path}")
 
 
 @main.command()

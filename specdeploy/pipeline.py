@@ -22,10 +22,17 @@ class ExportRequest:
     precision: str = "fp32"
     validate: bool = True
     prompts_file: Path | None = None
+    draft_precision: str | None = None
+    verify_precision: str | None = None
 
     def __post_init__(self):
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"precision='{self.precision}' is unknown; pick one of {', '.join(PRECISIONS)}")
+        for p in (self.precision, self.draft_precision, self.verify_precision):
+            if p is not None and p not in PRECISIONS:
+                raise ConfigError(f"precision='{p}' is unknown; pick one of {', '.join(PRECISIONS)}")
+
+    @property
+    def quantized(self) -> bool:
+        return {self.precision, self.draft_precision or "fp32", self.verify_precision or "fp32"} != {"fp32"}
 
     @property
     def needs_calibration(self) -> bool:
@@ -33,20 +40,27 @@ class ExportRequest:
 
 
 def run_export(request: ExportRequest, echo: Callable[[str], None] = print) -> Path:
-    from .export.bundle import ExportConfig, export
+    from .export.bundle import export
 
     if request.needs_calibration:
         from .calibration.pipeline import calibrate_export
 
-        return calibrate_export(request, echo)
-    config = ExportConfig(
+        path = calibrate_export(request, echo)
+    else:
+        path = export(_export_config(request))
+    if request.quantized:
+        from .quantize import quantize
+
+        quantize(path, path, request.precision, request.draft_precision, request.verify_precision,
+                 request.prompts_file, echo)
+    return path
+
+
+def _export_config(request: ExportRequest):
+    from .export.bundle import ExportConfig
+
+    return ExportConfig(
         source=request.source, exit_layer=request.exit_layer,
         num_draft_tokens=request.num_draft_tokens, max_context=request.max_context,
         output=request.output, draft_source=request.draft_source, validate=request.validate,
     )
-    path = export(config)
-    if request.precision != "fp32":
-        from .quantize import quantize_bundle
-
-        quantize_bundle(path, request.precision, echo=echo, source=request.source)
-    return path

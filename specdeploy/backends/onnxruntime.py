@@ -60,7 +60,8 @@ class OrtStage:
             self.binding.bind_ortvalue_input(in_name, kv[in_name])
             self.binding.bind_ortvalue_output(out_name, kv[in_name])
         outs = [o for o in session.get_outputs() if o.name not in io_names.kv_aliases(graph.layers)]
-        self.buffers = OutputBuffers({o.name: int(o.shape[-1]) for o in outs}, rows=8)
+        dtype = np.float16 if outs and outs[0].type == "tensor(float16)" else np.float32
+        self.buffers = OutputBuffers({o.name: int(o.shape[-1]) for o in outs}, rows=8, dtype=dtype)
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         rows = 0

@@ -31,7 +31,7 @@ class EarlyExitDrafter:
                  max_draft: int = 16):
         self.model, self.vocab_ids, self.threshold = model, vocab_ids, threshold
         hidden, vocab = model.manifest.model.hidden_size, model.manifest.model.vocab_size
-        self.hidden = np.zeros((max_draft + 1, hidden), np.float32)  # [γmax+1, H]
+        self.hidden = np.zeros((max_draft + 1, hidden), model.manifest.kv_dtype)  # [γmax+1, H]
         self.probs = np.zeros((max_draft, vocab), np.float64)        # [γmax, V]
 
     def _pick(self, logits: np.ndarray, params: SamplingParams, rng, row: int) -> tuple[int, float]:

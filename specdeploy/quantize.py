@@ -1,0 +1,303 @@
+"""INT8 / FP8 / FP16 versions of a bundle's graphs, calibrated on real activations.
+
+INT8 and FP8 are explicit quantization: QuantizeLinear/DequantizeLinear pairs with calibrated
+static scales around every MatMul (except the MLP down projections, whose activations have
+outliers that int8 cannot hold). The same graph feeds TensorRT's explicit-quantization path, and
+ONNX Runtime fuses the INT8 pairs into integer kernels on the CPU. Static scales (not dynamic
+per-call ones) keep every row's result independent of how many rows a call carries, which is what
+keeps greedy speculative output identical to plain output.
+
+The draft graph is calibrated on prompt tokens; the verify graph on the exit hidden states the
+draft graph actually produces for them; the heads on the hidden states that reach them.
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from . import io_names
+from . import manifest as manifest_io
+from .errors import ConfigError, require
+
+log = logging.getLogger("specdeploy")
+PRECISIONS = ("fp32", "fp16", "int8", "fp8")
+KEEP_FLOAT = ("down_proj",)  # MatMuls whose weights' names contain these stay in float
+
+
+def _float_matmuls(model, keep=KEEP_FLOAT) -> list[str]:
+    """Names of MatMul nodes whose weight (directly or through a Transpose) is one to keep in float."""
+    inits = {t.name for t in model.graph.initializer if any(k in t.name for k in keep)}
+    transposed = {n.output[0] for n in model.graph.node if n.op_type == "Transpose" and n.input[0] in inits}
+    return [n.name for n in model.graph.node
+            if n.op_type == "MatMul" and any(i in inits or i in transposed for i in n.input)]
+
+
+def _fold_weight_transposes(model) -> None:
+    """Replace Transpose(initializer) with the transposed initializer, so quantizers see weights.
+
+    The export keeps weights untransposed (so a tied LM head is stored once); a quantized weight is
+    a new tensor anyway, and a quantizer only recognises a MatMul weight that is an initializer.
+    """
+    from onnx import numpy_helper
+
+    inits = {t.name: t for t in model.graph.initializer}
+    keep = []
+    for node in model.graph.node:
+        if node.op_type == "Transpose" and node.input[0] in inits:
+            perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+            data = numpy_helper.to_array(inits[node.input[0]])
+            model.graph.initializer.append(numpy_helper.from_array(np.transpose(data, perm), node.output[0]))
+        else:
+            keep.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(keep)
+    used = {i for n in model.graph.node for i in n.input}
+    unused = [t for t in model.graph.initializer if t.name not in used]
+    for t in unused:
+        model.graph.initializer.remove(t)
+
+
+class _Reader:
+    """ONNX Runtime calibration data reader over a list of feed dicts, built lazily."""
+
+    def __init__(self, feeds: list[Callable[[], dict]]):
+        self.feeds = iter(feeds)
+
+    def get_next(self):
+        make = next(self.feeds, None)
+        return None if make is None else make()
+
+
+def _calibration_feeds(bundle: Path, manifest, texts: list[str],
+                       window: int = 32) -> dict[str, list[Callable[[], dict]]]:
+    """Per graph, feeds from running the fp32 bundle on fixed-size windows of the calibration texts.
+
+    Equal shapes let every calibrator (histograms too) merge its statistics across samples.
+    """
+    from .runtime.engine import Engine
+
+    feeds = {name: [] for name in manifest.graphs}
+    with Engine(bundle) as engine:
+        stream = [t for text in texts for t in engine.encode_prompt(text)]
+        for start in range(0, len(stream) - window + 1, window):
+            ids = stream[start : start + window]
+            hidden_k = engine.model.shallow(ids, 0).copy()                      # [S, H]
+            final = engine.model.deep(hidden_k, 0).copy()                       # [S, H]
+            feeds[io_names.DRAFT].append(_decoder_feed(manifest, io_names.DRAFT, io_names.INPUT_IDS,
+                                                       np.array([ids], np.int64)))
+            feeds[io_names.VERIFY].append(_decoder_feed(manifest, io_names.VERIFY, io_names.HIDDEN_IN, hidden_k[None]))
+            feeds[io_names.HEAD].append(lambda f=final: {io_names.HIDDEN_IN: f[None]})
+            if io_names.DRAFT_HEAD in manifest.graphs:
+                feeds[io_names.DRAFT_HEAD].append(lambda h=hidden_k: {io_names.HIDDEN_IN: h[None]})
+    return feeds
+
+
+def _decoder_feed(manifest, graph: str, first: str, value: np.ndarray) -> Callable[[], dict]:
+    def make():
+        rows = value.shape[1]
+        feed = {first: value, io_names.POSITION_IDS: np.arange(rows, dtype=np.int64)[None],
+                io_names.WRITE_INDEX: np.zeros(1, np.int64),
+                io_names.ATTENTION_MASK: np.ones((1, rows), np.int64)}
+        for name in io_names.kv_inputs(manifest.graph(graph).layers):
+            feed[name] = np.zeros(manifest.kv_shape, np.float32)
+        return feed
+    return make
+
+
+def _quantize_static(src: Path, dst: Path, reader, precision: str) -> None:
+    """INT8 QDQ with min/max-calibrated scales; FP8 is derived from the same calibrated ranges.
+
+    (ONNX Runtime's own FP8 calibration uses histograms whose thresholds destroyed this model's
+    outputs: top-1 agreement 0.03. Re-scaling the min/max ranges to E4M3's ±448 keeps quality.)
+    """
+    import onnx
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    model = onnx.load(str(src))
+    keep_float = _float_matmuls(model)
+    _fold_weight_transposes(model)
+    fp8 = precision == "fp8"
+    quantize_static(
+        model, str(dst), reader, quant_format=QuantFormat.QDQ, op_types_to_quantize=["MatMul"],
+        per_channel=True, activation_type=QuantType.QInt8 if fp8 else QuantType.QUInt8,
+        weight_type=QuantType.QInt8, nodes_to_exclude=keep_float, use_external_data_format=True,
+        calibrate_method=CalibrationMethod.MinMax,
+        extra_options={"WeightSymmetric": True, "ActivationSymmetric": fp8},
+    )
+    if fp8:
+        converted = _int8_qdq_to_fp8(onnx.load(str(dst)))
+        dst.unlink()
+        for data in dst.parent.glob(dst.name + "*.data"):
+            data.unlink()
+        onnx.save(converted, str(dst), save_as_external_data=True, location=dst.name + ".data")
+
+
+E4M3_MAX = 448.0
+
+
+def _drop_activation_qdq(model) -> None:
+    """Remove activation Quantize/Dequantize pairs, keeping weight-only dequantization.
+
+    Quantizing activations on a coarse FP8 grid turns the last-bit differences between a one-row
+    and a many-row matmul into whole quantization steps; weight-only FP8 keeps the verify pass
+    batch-invariant, so greedy speculative output stays identical to plain output.
+    """
+    from onnx import helper
+
+    producers = {n.output[0]: n for n in model.graph.node if n.op_type == "QuantizeLinear"}
+    nodes, dropped = [], set()
+    for node in model.graph.node:
+        if node.op_type == "DequantizeLinear" and node.input[0] in producers:
+            q = producers[node.input[0]]
+            dropped.add(id(q))
+            nodes.append(helper.make_node("Identity", [q.input[0]], [node.output[0]], name=node.name + "_fp"))
+        else:
+            nodes.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(n for n in nodes if id(n) not in dropped)
+    used = {i for n in model.graph.node for i in n.input}
+    for t in [t for t in model.graph.initializer if t.name not in used]:
+        model.graph.initializer.remove(t)
+
+
+def _int8_qdq_to_fp8(model):
+    """Turn the INT8 weight Q/DQ into FLOAT8E4M3FN with per-channel scales (weight-only FP8)."""
+    _drop_activation_qdq(model)
+    import ml_dtypes
+    from onnx import numpy_helper
+
+    inits = {t.name: t for t in model.graph.initializer}
+
+    def replace(name, array):
+        new = numpy_helper.from_array(array, name)
+        inits[name].CopyFrom(new)
+
+    done = set()
+    for node in model.graph.node:
+        if node.op_type not in ("QuantizeLinear", "DequantizeLinear") or node.input[1] in done:
+            continue
+        x, scale, zero = node.input[0], node.input[1], node.input[2]
+        s = numpy_helper.to_array(inits[scale]).astype(np.float32)
+        if node.op_type == "DequantizeLinear" and x in inits:  # a weight: re-quantize per channel
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+            w = numpy_helper.to_array(inits[x]).astype(np.float32) * np.expand_dims(s, 1 - axis if s.ndim else 0)
+            amax = np.abs(w).max(axis=1 - axis, keepdims=True)
+            new_s = np.maximum(amax, 1e-12) / E4M3_MAX
+            replace(x, (w / new_s).astype(ml_dtypes.float8_e4m3fn))
+            replace(scale, new_s.reshape(s.shape).astype(np.float32))
+        else:
+            continue
+        replace(zero, np.zeros(numpy_helper.to_array(inits[zero]).shape, ml_dtypes.float8_e4m3fn))
+        done.add(scale)
+    return model
+
+
+def _to_fp16(src: Path, dst: Path) -> None:
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    model = convert_float_to_float16(onnx.load(str(src)), keep_io_types=False, disable_shape_infer=True)
+    onnx.save(model, str(dst), save_as_external_data=True, location=dst.name + ".data")
+
+
+def graph_precisions(manifest, precision: str, draft: str | None, verify: str | None) -> dict[str, str]:
+    """Precision per graph: the draft head follows the draft graph, the head follows verify."""
+    draft, verify = draft or precision, verify or precision
+    for p in (precision, draft, verify):
+        if p not in PRECISIONS:
+            raise ConfigError(f"precision '{p}' is unknown; pick one of {', '.join(PRECISIONS)}")
+    if "fp16" in (draft, verify) and draft != verify:
+        raise ConfigError("fp16 changes the KV and hidden-state dtype: use it for both graphs or neither")
+    by_graph = {io_names.DRAFT: draft, io_names.DRAFT_HEAD: draft, io_names.VERIFY: verify, io_names.HEAD: verify}
+    return {name: by_graph[name] for name in manifest.graphs}
+
+
+def quantize_bundle(bundle: Path, precision: str, draft_precision: str | None = None,
+                    verify_precision: str | None = None, texts: list[str] | None = None,
+                    echo: Callable[[str], None] = print, **_) -> Path:
+    """Rewrite the fp32 bundle at `bundle` in place at the requested precision(s)."""
+    require("onnx", "export", "quantizing a bundle")
+    from .calibration.prompts import builtin
+    from .export import weights
+
+    bundle = Path(bundle)
+    manifest = manifest_io.read(bundle)
+    if manifest.precision != "fp32":
+        raise ConfigError(f"{bundle} is already {manifest.precision}; quantize an fp32 bundle")
+    plan = graph_precisions(manifest, precision, draft_precision, verify_precision)
+    texts = texts or [c[0]["content"] for c in builtin(held_out=False)[::6]]
+    feeds = _calibration_feeds(bundle, manifest, texts) if {"int8", "fp8"} & set(plan.values()) else {}
+    with tempfile.TemporaryDirectory(dir=bundle.parent, prefix=".quantize-") as tmp:
+        tmp = Path(tmp)
+        files = {}
+        for name, graph in manifest.graphs.items():
+            src, dst = bundle / graph.file, tmp / graph.file
+            if plan[name] in ("int8", "fp8"):
+                _quantize_static(src, dst, _Reader(feeds[name]), plan[name])
+            elif plan[name] == "fp16":
+                _to_fp16(src, dst)
+            files[Path(graph.file).stem] = dst if plan[name] != "fp32" else src
+            echo(f"{name}: {plan[name]}")
+        out = tmp / "bundle"
+        out.mkdir()
+        weights.share(files, out, manifest.weights)
+        graphs = {n: g.__class__(**{**g.__dict__, "precision": plan[n]}) for n, g in manifest.graphs.items()}
+        fp16 = "fp16" in plan.values()
+        label = precision if len(set(plan.values())) == 1 else "+".join(f"{k}:{v}" for k, v in plan.items())
+        for name in manifest.graphs:
+            shutil.move(str(out / manifest.graphs[name].file), str(bundle / manifest.graphs[name].file))
+        shutil.move(str(out / manifest.weights), str(bundle / manifest.weights))
+    manifest = manifest.replace(graphs=graphs, precision=label, kv_dtype="float16" if fp16 else "float32")
+    manifest_io.write(bundle, manifest)
+    return bundle
+
+
+def quantize(source: Path, output: Path, precision: str, draft_precision: str | None = None,
+             verify_precision: str | None = None, prompts_file: Path | None = None,
+             echo: Callable[[str], None] = print, report: bool = True) -> Path:
+    """Write a quantized copy of the fp32 bundle `source` to `output` and measure its quality.
+
+    The quality report (top-1 agreement with fp32 and perplexity on held-out text, acceptance,
+    CPU tokens/s of plain and speculative decoding) is printed and stored in the manifest.
+    """
+    from .bench.prompts import PASSAGES
+    from .calibration.prompts import builtin, load_user_prompts
+
+    source, output = Path(source).resolve(), Path(output).resolve()
+    manifest_io.read(source)
+    texts = [c[-1]["content"] for c in builtin(held_out=False)[::6]]
+    if prompts_file:
+        texts += [c[-1]["content"] for c in load_user_prompts(prompts_file)]
+    staging = output.with_name(output.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(source, staging)
+    quantize_bundle(staging, precision, draft_precision, verify_precision, texts, echo)
+    if report:
+        from . import quality
+
+        held_out = [c[-1]["content"] for c in builtin(held_out=True)[:3]]
+        result = quality.report(source, staging, PASSAGES[:4], held_out)
+        manifest_io.write(staging, manifest_io.read(staging).replace(quality=result))
+        echo(format_quality(manifest_io.read(staging).precision, result))
+    if output.exists():
+        if output == source:
+            shutil.rmtree(output)
+        else:
+            from .export.bundle import install
+
+            install(staging, output)
+            return output
+    staging.rename(output)
+    return output
+
+
+def format_quality(precision: str, q: dict) -> str:
+    return (f"{precision}: top-1 agreement with fp32 {q['top1_agreement']:.1%}, perplexity "
+            f"{q['perplexity']:.2f} (fp32 {q['perplexity_fp32']:.2f}), acceptance {q['acceptance_rate']:.1%}, "
+            f"CPU plain {q['plain_tokens_per_second']:.1f} tok/s, speculative "
+            f"{q['speculative_tokens_per_second']:.1f} tok/s, greedy identical: {q['greedy_identical']}")

@@ -1,0 +1,71 @@
+"""Every precision loads and runs in ONNX Runtime, keeps exactness, and reports its quality."""
+import numpy as np
+import onnx
+import pytest
+
+from specdeploy import manifest as manifest_io
+from specdeploy.config import GenerationConfig
+from specdeploy.errors import ConfigError
+from specdeploy.quantize import graph_precisions, quantize
+from specdeploy.runtime.engine import Engine
+
+
+@pytest.fixture(scope="module", params=["int8", "fp8", "fp16", "mixed"])
+def quantized(request, tiny_bundle, tmp_path_factory):
+    out = tmp_path_factory.mktemp("q") / request.param
+    lines = []
+    if request.param == "mixed":
+        quantize(tiny_bundle, out, "fp32", draft_precision="int8", verify_precision="fp32", echo=lines.append)
+    else:
+        quantize(tiny_bundle, out, request.param, echo=lines.append)
+    return request.param, out, lines
+
+
+def test_quantized_bundle_is_exact_and_reports_quality(quantized):
+    kind, bundle, lines = quantized
+    m = manifest_io.read(bundle)
+    q = m.quality
+    assert {"top1_agreement", "perplexity", "acceptance_rate", "plain_tokens_per_second"} <= set(q)
+    assert q["greedy_identical"] and q["top1_agreement"] > 0.5
+    assert any("top-1 agreement" in line for line in lines)
+    with Engine(bundle) as engine:
+        for seed in range(4):
+            prompt = [int(t) for t in np.random.default_rng(seed).integers(2, 96, 8)]
+            base = dict(max_new_tokens=40, ignore_eos=True)
+            plain = engine.generate_ids(prompt, GenerationConfig(speculative=False, **base))
+            for source in ("early_exit", "hybrid"):
+                assert engine.generate_ids(prompt, GenerationConfig(draft_source=source, **base)) == plain
+
+
+def test_graph_ops_match_precision(quantized):
+    kind, bundle, _ = quantized
+    m = manifest_io.read(bundle)
+    draft = onnx.load(str(bundle / m.graph("draft").file), load_external_data=False)
+    ops = {n.op_type for n in draft.graph.node}
+    types = {t.data_type for t in draft.graph.initializer}
+    if kind in ("int8", "mixed"):
+        assert {"QuantizeLinear", "DequantizeLinear"} <= ops and onnx.TensorProto.INT8 in types
+        assert m.graph("draft").precision == "int8"
+    if kind == "mixed":
+        verify = onnx.load(str(bundle / m.graph("verify").file), load_external_data=False)
+        assert "QuantizeLinear" not in {n.op_type for n in verify.graph.node}
+        assert m.precision == "draft:int8+head:fp32+verify:fp32"
+    if kind == "fp8":
+        assert "DequantizeLinear" in ops and onnx.TensorProto.FLOAT8E4M3FN in types
+    if kind == "fp16":
+        assert m.kv_dtype == "float16" and onnx.TensorProto.FLOAT16 in types
+
+
+def test_precision_plan_rules(tiny_bundle):
+    m = manifest_io.read(tiny_bundle)
+    assert graph_precisions(m, "int8", "fp8", None) == {"draft": "fp8", "verify": "int8", "head": "int8"}
+    with pytest.raises(ConfigError, match="fp16"):
+        graph_precisions(m, "fp32", "fp16", None)
+    with pytest.raises(ConfigError, match="unknown"):
+        graph_precisions(m, "int4", None, None)
+
+
+def test_quantizing_a_quantized_bundle_is_refused(quantized, tmp_path):
+    kind, bundle, _ = quantized
+    with pytest.raises(ConfigError, match="quantize an fp32 bundle"):
+        quantize(bundle, tmp_path / "again", "int8", report=False)
