@@ -64,8 +64,10 @@ def _int_or_auto(value: str, name: str):
 @click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="JSONL of extra calibration prompts (with --calibrate).")
 @click.option("--no-validate", is_flag=True, help="Skip the ONNX Runtime vs PyTorch parity check.")
+@click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]), default="onnxruntime", show_default=True,
+              help="tensorrt: also build TensorRT engines here (needs a GPU and TensorRT).")
 def export(model, exit_layer, num_draft_tokens, max_context, output, draft_source, calibrate, precision,
-           draft_precision, verify_precision, prompts_file, no_validate):
+           draft_precision, verify_precision, prompts_file, no_validate, backend):
     """Split MODEL (Hugging Face directory or .gguf) into a bundle of draft/verify graphs."""
     from .pipeline import ExportRequest, run_export
 
@@ -74,7 +76,7 @@ def export(model, exit_layer, num_draft_tokens, max_context, output, draft_sourc
         num_draft_tokens=_int_or_auto(num_draft_tokens, "--num-draft-tokens"),
         max_context=max_context, output=output, draft_source=draft_source,
         calibrate=calibrate, precision=precision, validate=not no_validate, prompts_file=prompts_file,
-        draft_precision=draft_precision, verify_precision=verify_precision,
+        draft_precision=draft_precision, verify_precision=verify_precision, backend=backend,
     )
     path = run_export(request, echo=click.echo)
     click.echo(f"bundle written to {path}")
@@ -152,6 +154,19 @@ def quantize(bundle, precision, draft_precision, verify_precision, prompts_file,
 
     path = run_quantize(bundle, output, precision, draft_precision, verify_precision, prompts_file, click.echo)
     click.echo(f"quantized bundle written to {path}")
+
+
+@main.command("build-engines")
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--max-draft-tokens", default=8, show_default=True, help="Largest draft length the decode profile covers.")
+@click.option("--max-prompt", default=512, show_default=True, help="Longest prompt the prefill profile covers.")
+@click.option("--workspace-mb", default=2048, show_default=True)
+def build_engines_command(bundle, max_draft_tokens, max_prompt, workspace_mb):
+    """Build TensorRT engines for BUNDLE on this machine (engines are tied to the GPU and TensorRT version)."""
+    from .backends.tensorrt.build import BuildConfig, build_engines
+
+    build_engines(bundle, BuildConfig(max_draft_tokens, max_prompt, workspace_mb), echo=click.echo)
+    click.echo(f"engines recorded in {bundle}/manifest.json; run with --backend tensorrt")
 
 
 @main.command()

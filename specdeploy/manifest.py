@@ -62,6 +62,7 @@ class Manifest:
     confidence_threshold: float | None = None  # adaptive drafting: stop below this draft top-p
     calibration: dict | None = None
     quality: dict | None = None
+    tensorrt: dict | None = None              # engines built for one TensorRT version and GPU
     schema_version: int = SCHEMA_VERSION
     format: str = FORMAT
     extra: dict = field(default_factory=dict)

@@ -24,6 +24,7 @@ class ExportRequest:
     prompts_file: Path | None = None
     draft_precision: str | None = None
     verify_precision: str | None = None
+    backend: str = "onnxruntime"   # "tensorrt": also build engines on this machine
 
     def __post_init__(self):
         for p in (self.precision, self.draft_precision, self.verify_precision):
@@ -53,6 +54,10 @@ def run_export(request: ExportRequest, echo: Callable[[str], None] = print) -> P
 
         quantize(path, path, request.precision, request.draft_precision, request.verify_precision,
                  request.prompts_file, echo)
+    if request.backend == "tensorrt":
+        from .backends.tensorrt.build import build_engines
+
+        build_engines(path, echo=echo)
     return path
 
 

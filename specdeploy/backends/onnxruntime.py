@@ -78,6 +78,7 @@ class OrtStage:
         return views
 
     def kv_buffer(self, name: str) -> np.ndarray | None:
+        """A host view (CPU) or host copy (GPU) of one KV buffer, for inspection and tests."""
         value = self.kv.get(name)
         return None if value is None else value.numpy()
 
@@ -86,29 +87,44 @@ class OrtStage:
         self.binding.clear_binding_outputs()
 
 
-def allocate_kv(manifest: Manifest, layers: range) -> dict:
-    """Zeroed KV buffers `[1, Hkv, max_context, D]`; the numpy arrays back the OrtValues directly."""
+def allocate_kv(manifest: Manifest, layers: range, device: str = "cpu") -> dict:
+    """Zeroed KV buffers `[1, Hkv, max_context, D]`, allocated once on the provider's device.
+
+    On the CPU the numpy arrays back the OrtValues directly; on a GPU the zeros are copied once.
+    """
     dtype = np.dtype(manifest.kv_dtype)
     return {
-        name: ort.OrtValue.ortvalue_from_numpy(np.zeros(manifest.kv_shape, dtype))
+        name: ort.OrtValue.ortvalue_from_numpy(np.zeros(manifest.kv_shape, dtype), device, 0)
         for name in io_names.kv_inputs(layers)
     }
+
+
+def provider_options(provider: str, bundle: Path) -> list:
+    """The TensorRT execution provider caches its engines and timing data beside the graphs."""
+    if provider != "tensorrt":
+        return []
+    cache = str(Path(bundle) / "ort-trt-cache")
+    return [{"trt_engine_cache_enable": "1", "trt_engine_cache_path": cache,
+             "trt_timing_cache_enable": "1", "trt_timing_cache_path": cache}, {}]
 
 
 def load_stages(bundle: Path, manifest: Manifest, provider: str = "cpu", threads: int | None = None,
                 log_severity: int = 3) -> dict[str, OrtStage]:
     providers = providers_for(provider)
+    options = provider_options(provider, bundle) or None
+    device = "cpu" if provider == "cpu" else "cuda"
     stages = {}
     for name, graph in manifest.graphs.items():
         path = Path(bundle) / graph.file
         try:
             session = ort.InferenceSession(
-                str(path), session_options(threads, log_severity), providers=providers
+                str(path), session_options(threads, log_severity), providers=providers,
+                provider_options=options,
             )
         except Exception as exc:
             raise BackendError(
                 f"ONNX Runtime {ort.__version__} cannot load {path.name}: {str(exc).splitlines()[0]}; "
                 f"bundles need onnxruntime>=1.25 (opset 24); re-export or upgrade"
             ) from exc
-        stages[name] = OrtStage(name, session, graph, allocate_kv(manifest, graph.layers))
+        stages[name] = OrtStage(name, session, graph, allocate_kv(manifest, graph.layers, device))
     return stages

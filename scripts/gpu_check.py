@@ -1,0 +1,83 @@
+"""GPU check: export -> (build) -> generate on the GPU -> compare with ONNX Runtime on the CPU.
+
+Prints a short table: tokens/s plain vs speculative, acceptance, and the max logit difference of
+the GPU path against the CPU bundle. Uses native TensorRT when `tensorrt` imports, else ONNX
+Runtime's CUDA provider when onnxruntime-gpu is installed; says which it could not run.
+"""
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from specdeploy.bench.prompts import PASSAGES
+from specdeploy.config import GenerationConfig
+from specdeploy.quality import teacher_forced_logits
+from specdeploy.runtime.engine import Engine
+
+PROMPTS = ["Explain why the sky is blue.", f"Summarise in two sentences:\n\n{PASSAGES[0]}"]
+
+
+def gpu_route() -> tuple[str, str] | None:
+    try:
+        import tensorrt  # noqa: F401
+
+        return "tensorrt", "cuda"
+    except ImportError:
+        pass
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        return "onnxruntime", "cuda"
+    return None
+
+
+def measure(engine: Engine) -> dict:
+    out = {}
+    for name, cfg in (("plain", GenerationConfig(max_new_tokens=96, speculative=False)),
+                      ("speculative", GenerationConfig(max_new_tokens=96, draft_source="hybrid"))):
+        tokens = seconds = drafted = accepted = 0
+        for prompt in PROMPTS:
+            result = engine.generate([{"role": "user", "content": prompt}], cfg)
+            tokens += result.stats.generated_tokens
+            seconds += result.stats.decode_s + result.stats.prefill_s
+            drafted, accepted = drafted + result.stats.drafted, accepted + result.stats.accepted
+        out[name] = (tokens / seconds, accepted / drafted if drafted else 0.0)
+    return out
+
+
+def main(bundle: str) -> int:
+    route = gpu_route()
+    cpu_bundle = Path(bundle)
+    with Engine(cpu_bundle) as cpu:
+        ids = cpu.encode_prompt(PASSAGES[1])
+        reference = teacher_forced_logits(cpu, ids)
+        rows = [("cpu onnxruntime", measure(cpu), 0.0)]
+    if route is None:
+        print("no TensorRT and no onnxruntime-gpu here: only the CPU row could be measured")
+    else:
+        backend, provider = route
+        gpu_bundle = cpu_bundle.with_name(cpu_bundle.name + "-gpu")
+        shutil.rmtree(gpu_bundle, ignore_errors=True)
+        shutil.copytree(cpu_bundle, gpu_bundle)
+        if backend == "tensorrt":
+            from specdeploy.backends.tensorrt.build import build_engines
+
+            began = time.time()
+            build_engines(gpu_bundle)
+            print(f"engines built in {time.time() - began:.0f} s")
+        with Engine(gpu_bundle, backend=backend, provider=provider) as gpu:
+            diff = float(np.abs(teacher_forced_logits(gpu, ids) - reference).max())
+            rows.append((f"gpu {backend}/{provider}", measure(gpu), diff))
+    print("| path | plain tok/s | speculative tok/s | acceptance | max |logit diff| vs CPU |")
+    print("|---|---|---|---|---|")
+    for name, m, diff in rows:
+        print(f"| {name} | {m['plain'][0]:.1f} | {m['speculative'][0]:.1f} | {m['speculative'][1]:.2f} | {diff:.2e} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "engine.plan"))

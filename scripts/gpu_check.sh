@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# On a machine with an NVIDIA GPU: export the example model, build/run the GPU path, compare with
+# ONNX Runtime on the CPU, print the table. Budget: under 8 minutes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m pip install --quiet --no-deps -e . 2>/dev/null || python3 -m pip install --quiet -e .
+python3 -m pip install --quiet onnx onnxscript onnxruntime tokenizers jinja2 click transformers gguf accelerate
+scripts/fetch_model.sh
+[ -f gpu-check.plan/manifest.json ] || python3 -m specdeploy.cli export --exit-layer 8 --max-context 1024 \
+    models/SmolLM2-135M-Instruct.Q4_1.gguf --output gpu-check.plan
+python3 scripts/gpu_check.py gpu-check.plan
