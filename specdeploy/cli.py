@@ -113,26 +113,28 @@ def calibrate(model, exit_layer, num_draft_tokens, max_context, output, prompts_
 @main.command()
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.argument("prompt")
-@click.option("--max-tokens", default=128, show_default=True)
-@click.option("--temperature", default=0.0, show_default=True)
+@click.option("--max-tokens", "--max-new-tokens", "max_tokens", default=128, show_default=True)
+@click.option("--temperature", default=0.0, show_default=True, help="0 is greedy.")
+@click.option("--greedy", is_flag=True, help="Same as --temperature 0.")
 @click.option("--top-k", type=int, default=None)
 @click.option("--top-p", type=float, default=None)
 @click.option("--seed", type=int, default=None)
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
-@click.option("--speculative/--plain", default=True, show_default=True)
+@click.option("--speculative/--plain", " /--no-speculation", default=None,
+              help="Speculative (default, unless the bundle defaults to plain) or plain decoding.")
 @click.option("--num-draft-tokens", type=int, default=None, help="Override the bundle's draft length.")
 @click.option("--draft-source", type=click.Choice(["early_exit", "lookup", "hybrid"]), default=None)
 @click.option("--chat/--raw", default=True, show_default=True, help="Wrap PROMPT in the chat template.")
 @click.option("--provider", type=click.Choice(["cpu", "cuda", "tensorrt"]), default="cpu", show_default=True)
 @click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]), default="onnxruntime", show_default=True)
-def generate(bundle, prompt, max_tokens, temperature, top_k, top_p, seed, stop, speculative,
+def generate(bundle, prompt, max_tokens, temperature, greedy, top_k, top_p, seed, stop, speculative,
              num_draft_tokens, draft_source, chat, provider, backend):
     """Generate text from PROMPT with BUNDLE, streaming it, then print a summary line."""
     from .config import GenerationConfig
     from .generate import generate_to
 
     config = GenerationConfig(
-        max_new_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+        max_new_tokens=max_tokens, temperature=0.0 if greedy else temperature, top_k=top_k, top_p=top_p, seed=seed,
         stop=tuple(stop), speculative=speculative, num_draft_tokens=num_draft_tokens,
         draft_source=draft_source,
     )
@@ -154,6 +156,15 @@ def quantize(bundle, precision, draft_precision, verify_precision, prompts_file,
 
     path = run_quantize(bundle, output, precision, draft_precision, verify_precision, prompts_file, click.echo)
     click.echo(f"quantized bundle written to {path}")
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+def inspect(bundle):
+    """Show what BUNDLE holds: model, split, graphs, precision, calibration, engines."""
+    from .inspect import describe
+
+    click.echo(describe(bundle))
 
 
 @main.command("build-engines")

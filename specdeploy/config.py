@@ -18,7 +18,7 @@ class GenerationConfig:
     top_p: float | None = None
     seed: int | None = None
     stop: tuple[str, ...] = ()
-    speculative: bool = True
+    speculative: bool | None = None       # None: the bundle's default
     num_draft_tokens: int | None = None   # None: the bundle's default
     draft_source: str | None = None       # None: the bundle's default
     ignore_eos: bool = False

@@ -18,6 +18,7 @@ def generate_to(bundle: Path, prompt: str, config: GenerationConfig, write: Call
         request = [{"role": "user", "content": prompt}] if use_chat else prompt
         for piece in engine.stream(request, config, stats):
             write(piece.text)
-    mode = f"speculative ({config.draft_source or engine.manifest.draft_source})" if config.speculative else "plain"
+    speculative = engine.manifest.default_speculative if config.speculative is None else config.speculative
+    mode = f"speculative ({config.draft_source or engine.manifest.draft_source})" if speculative else "plain"
     write(f"\n[{mode}] {stats.summary()}\n")
     return stats

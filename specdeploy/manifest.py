@@ -56,6 +56,7 @@ class Manifest:
     kv_dtype: str = "float32"
     precision: str = "fp32"
     draft_source: str = "early_exit"
+    default_speculative: bool = True           # False when calibration found speculation slower
     tokenizer: str = "tokenizer.json"
     chat_template: str | None = None
     draft_vocab: str | None = None            # .npy of token ids the draft head covers

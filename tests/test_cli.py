@@ -36,3 +36,37 @@ def test_bad_option_values_exit_non_zero(tiny_bundle):
 def test_export_error_is_one_line(tmp_path):
     result = run("export", tmp_path / "missing", "--exit-layer", 3, "--output", tmp_path / "o")
     assert result.exit_code == 1 and result.output.startswith("Error: ") and "does not exist" in result.output
+
+
+def test_corrupt_and_foreign_bundles_are_one_line_errors(tiny_bundle, tmp_path):
+    import shutil
+
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(tiny_bundle, corrupt)
+    (corrupt / "manifest.json").write_text("{ nope")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "manifest.json").write_text('{"format": "something-else"}')
+    partial = tmp_path / "partial"
+    shutil.copytree(tiny_bundle, partial)
+    (partial / "verify.onnx").unlink()
+    for bundle, fragment in ((corrupt, "not valid JSON"), (foreign, "not a specdeploy bundle"),
+                             (partial, "verify.onnx is missing")):
+        result = run("generate", bundle, "w3")
+        assert result.exit_code == 1 and fragment in result.output, result.output
+        assert "Traceback" not in result.output and result.output.count("\n") == 1
+
+
+def test_inspect_and_plain_flags(tiny_bundle):
+    result = run("inspect", tiny_bundle)
+    assert result.exit_code == 0 and "exit layer 2" in result.output and "verify.onnx" in result.output
+    result = run("generate", tiny_bundle, "w3 w4", "--no-speculation", "--greedy", "--max-new-tokens", 5, "--raw")
+    assert result.exit_code == 0 and "[plain]" in result.output
+
+
+def test_export_and_generate_through_the_cli(tiny_model_dir, tmp_path):
+    out = tmp_path / "cli.plan"
+    result = run("export", tiny_model_dir, "--exit-layer", 1, "--max-context", 64, "--output", out)
+    assert result.exit_code == 0, result.output
+    result = run("generate", out, "w3 w4", "--max-tokens", 6, "--raw", "--draft-source", "hybrid")
+    assert result.exit_code == 0 and "speculative (hybrid)" in result.output

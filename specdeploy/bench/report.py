@@ -96,8 +96,9 @@ def markdown(results: dict) -> str:
         lines.append("")
     mem = results.get("memory")
     if mem:
-        lines.append(f"Peak RSS: {mem['peak_rss_mb_after_load']:.0f} MB after load, "
-                     f"{mem['peak_rss_mb_after_runs']:.0f} MB after all runs ({mem['note']}).")
+        lines.append(f"Peak memory (RSS, each mode in a fresh process): plain {mem['plain']['peak_mb']:.0f} MB, "
+                     f"speculative {mem['speculative']['peak_mb']:.0f} MB "
+                     f"({100 * mem['speculative_overhead']:+.1f}%).")
     return "\n".join(lines) + "\n"
 
 

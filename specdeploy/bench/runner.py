@@ -6,7 +6,6 @@ speculative outputs must equal the plain outputs token for token, or the run fai
 from __future__ import annotations
 
 import platform
-import resource
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -126,22 +125,17 @@ def machine_info() -> dict:
     return info
 
 
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def run(config: BenchConfig) -> dict:
     """Run everything the config asks for; returns the JSON-ready results."""
     from .report import summarise
 
     prompt_set = prompt_sets.load(config.prompts_file) if config.prompts_file else prompt_sets.builtin()
+    from . import memory
+
     with Engine(config.bundle) as engine:
-        loaded_rss = peak_rss_mb()
         categories = run_categories(engine, config, prompt_set)
         results = summarise(engine.manifest, categories, config)
-        results["memory"] = {"peak_rss_mb_after_load": round(loaded_rss, 1),
-                             "peak_rss_mb_after_runs": round(peak_rss_mb(), 1),
-                             "note": "plain and speculative decoding share the same process, graphs and KV buffers"}
+        results["memory"] = memory.compare(config.bundle, config.max_new_tokens)
         if config.sweep:
             from .sweep import sweep
 

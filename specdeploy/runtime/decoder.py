@@ -37,6 +37,7 @@ class Decoder:
         manifest = model.manifest
         self.default_draft_tokens = manifest.num_draft_tokens
         self.default_source = manifest.draft_source
+        self.default_speculative = manifest.default_speculative
         self.eos = set(manifest.model.eos_token_ids)
         early = EarlyExitDrafter(model, vocab_ids, confidence_threshold, MAX_DRAFT_TOKENS)
         lookup = LookupDrafter(model)
@@ -67,6 +68,7 @@ class Decoder:
         params, rng = config.sampling, np.random.default_rng(config.seed)
         gamma = config.num_draft_tokens or self.default_draft_tokens
         drafter = self.drafters[config.draft_source or self.default_source]
+        speculative = self.default_speculative if config.speculative is None else config.speculative
         stats.prompt_tokens = len(prompt)
         began = time.perf_counter()
         valid = len(prompt)
@@ -86,7 +88,7 @@ class Decoder:
             if len(keep.tokens) < len(step.tokens) or produced >= config.max_new_tokens:
                 return
             self.history[valid] = pending
-            budget = min(gamma, config.max_new_tokens - produced - 1) if config.speculative else 0
+            budget = min(gamma, config.max_new_tokens - produced - 1) if speculative else 0
             step, valid, pending = self._round(valid, pending, budget, drafter, params, rng, stats)
 
     def _trim(self, step: Emitted, config: GenerationConfig, produced: int) -> Emitted:
@@ -102,11 +104,15 @@ class Decoder:
     def _round(self, valid: int, pending: int, budget: int, drafter, params, rng, stats):
         """One round from `pending` at row `valid`: returns (emitted, new valid, new pending)."""
         history = self.history[: valid + 1]
+        began = time.perf_counter()
         draft = drafter.draft(history, pending, valid, budget, params, rng) if budget > 0 else None
         if draft is None:  # plain step: speculation off, no budget left, or nothing to look up
             draft = Draft([], None, self.model.shallow([pending], valid), "plain")
+        drafted = time.perf_counter()
         final = self.model.deep(draft.hidden, valid)       # [m+1, H]
         target_logits = self.model.logits(final)           # [m+1, V]
+        stats.draft_s += drafted - began
+        stats.verify_s += time.perf_counter() - drafted
         if params.greedy:
             accepted, token = accept_greedy(draft.tokens, target_logits)
         else:

@@ -13,6 +13,8 @@ class GenerationStats:
     accepted: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    draft_s: float = 0.0    # time spent drafting (draft graph + draft head, lookup)
+    verify_s: float = 0.0   # time spent in verify passes (verify graph + head)
     first_token_s: float | None = None
     finish_reason: str = "length"  # "stop" (EOS or a stop string) or "length"
     accepted_histogram: dict[int, int] = field(default_factory=dict)
@@ -59,6 +61,8 @@ class GenerationStats:
             "tokens_per_round": round(self.tokens_per_round, 4),
             "tokens_per_second": round(self.tokens_per_second, 2),
             "time_to_first_token_s": round(self.first_token_s or 0.0, 4),
+            "draft_time_s": round(self.draft_s, 4),
+            "verify_time_s": round(self.verify_s, 4),
             "accepted_histogram": {str(k): v for k, v in sorted(self.accepted_histogram.items())},
             "by_source": {
                 s: {"rounds": r, "draft_tokens": d, "accepted_tokens": a}

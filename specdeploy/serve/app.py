@@ -51,7 +51,8 @@ class Server:
                 "total_tokens": stats.prompt_tokens + stats.generated_tokens}
 
     def _source(self, req: Request) -> str:
-        if not req.config.speculative:
+        speculative = req.config.speculative
+        if not (self.engine.manifest.default_speculative if speculative is None else speculative):
             return "plain"
         return req.config.draft_source or self.engine.manifest.draft_source
 

@@ -88,7 +88,7 @@ def parse(body, chat: bool, max_context: int, default_max_tokens: int = 256) -> 
             top_k=top_k if top_k and top_k > 0 else None,
             seed=_typed(body, "seed", int, None, lambda v: 0 <= v < 2**63, "0..2^63-1"),
             stop=_stop(body),
-            speculative=_typed(body, "speculative", bool, True, None, "true or false"),
+            speculative=_typed(body, "speculative", bool, None, None, "true or false"),
             num_draft_tokens=_typed(body, "num_draft_tokens", int, None,
                                     lambda v: 1 <= v <= MAX_DRAFT_TOKENS, f"1..{MAX_DRAFT_TOKENS}"),
             draft_source=_typed(body, "draft_source", str, None, lambda v: v in SOURCES, ", ".join(SOURCES)),

@@ -1,0 +1,39 @@
+"""`specdeploy inspect`: a readable summary of a bundle's manifest."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import manifest as manifest_io
+
+
+def describe(bundle: Path) -> str:
+    m = manifest_io.read(bundle)
+    info = m.model
+    lines = [
+        f"bundle      {Path(bundle).resolve()} (schema {m.schema_version})",
+        f"model       {info.name} ({info.architecture}, {info.num_layers} layers, hidden {info.hidden_size}, "
+        f"vocab {info.vocab_size}, {info.num_kv_heads} KV heads × {info.head_dim})",
+        f"split       exit layer {m.exit_layer}: draft = layers 0..{m.exit_layer - 1}, "
+        f"verify = layers {m.exit_layer}..{info.num_layers - 1}",
+        f"decoding    {m.num_draft_tokens} draft tokens, source {m.draft_source}, "
+        f"{'speculative' if m.default_speculative else 'plain'} by default"
+        + (f", confidence threshold {m.confidence_threshold}" if m.confidence_threshold else ""),
+        f"KV buffers  {m.kv_dtype} {list(m.kv_shape)} per layer and K/V (max context {m.max_context})",
+        f"precision   {m.precision}",
+    ]
+    for name, g in m.graphs.items():
+        layers = f" layers {g.kv_layers[0]}..{g.kv_layers[1] - 1}" if g.kv_layers else ""
+        lines.append(f"graph       {name:<10} {g.file:<16} {g.precision}{layers}")
+    weights = Path(bundle) / m.weights
+    if weights.is_file():
+        lines.append(f"weights     {m.weights} {weights.stat().st_size / 2**20:.0f} MiB (shared, deduplicated)")
+    if m.draft_vocab:
+        lines.append(f"draft vocab {m.draft_vocab} ({(m.calibration or {}).get('draft_vocab_size', '?')} tokens)")
+    if m.calibration:
+        chosen = m.calibration.get("chosen", {})
+        lines.append(f"calibration chosen {chosen}; measured {m.calibration.get('measured_speedup')}")
+    if m.quality:
+        lines.append(f"quality     {m.quality}")
+    if m.tensorrt:
+        lines.append(f"tensorrt    {m.tensorrt['version']} for compute capability {m.tensorrt['compute_capability']}")
+    return "\n".join(lines)
