@@ -97,7 +97,10 @@ def export(model, exit_layer, num_draft_tokens, max_context, output, draft_sourc
               help="Override for the verify graph and head.")
 def calibrate(model, exit_layer, num_draft_tokens, max_context, output, prompts_file, precision,
               draft_precision, verify_precision):
-    """Calibrate early exit for MODEL (adapter, draft vocabulary, autotune) and export a bundle."""
+    """Calibrate early exit (adapter, draft vocabulary, autotune) and export a bundle.
+
+    MODEL is a Hugging Face directory, a .gguf file, or an existing bundle (re-calibrated from the
+    model it was exported from)."""
     from .pipeline import ExportRequest, run_export
 
     request = ExportRequest(

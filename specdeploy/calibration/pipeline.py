@@ -96,6 +96,7 @@ def calibrate_export(request, echo: Callable[[str], None] = print,
                      cal: CalibrationConfig = CalibrationConfig()) -> Path:
     from ..export.arch import load
 
+    request = resolve_source(request)
     model, tokenizer = load(request.source)
     num_layers, vocab_size = model.config.num_hidden_layers, model.config.vocab_size
     exits = (request.exit_layer,) if request.exit_layer else (cal.exits or candidate_exits(num_layers))
@@ -141,16 +142,47 @@ def calibrate_export(request, echo: Callable[[str], None] = print,
     return _choose_defaults(path, held_convs, [choice.num_draft_tokens], cal, echo)
 
 
+def decide_defaults(speedups: dict[str, float]) -> tuple[str, int, bool]:
+    """(draft source, γ, speculate by default) from measured speedups keyed "source/γ".
+
+    If no speculative configuration beat plain decoding, the bundle defaults to plain decoding.
+    """
+    best = max(speedups, key=speedups.get)
+    source, gamma = best.split("/")
+    return source, int(gamma), speedups[best] >= 1.0
+
+
 def _choose_defaults(path: Path, held_convs, gammas, cal, echo) -> Path:
     """Measure plain vs speculative end to end and record the best measured defaults."""
     from .. import manifest as manifest_io
 
     speedups = _measure_end_to_end(path, held_convs, gammas, cal, echo)
-    best_name = max(speedups, key=speedups.get)
-    source, gamma = best_name.split("/")
+    source, gamma, speculate = decide_defaults(speedups)
     m = manifest_io.read(path)
     calibration = {**(m.calibration or {}), "measured_speedup": {k: round(v, 3) for k, v in speedups.items()}}
-    manifest_io.write(path, m.replace(draft_source=source, num_draft_tokens=int(gamma),
-                                      calibration=calibration))
-    echo(f"default draft source: {source}, {gamma} draft tokens (measured {speedups[best_name]:.2f}× plain)")
+    manifest_io.write(path, m.replace(draft_source=source, num_draft_tokens=gamma, calibration=calibration,
+                                      default_speculative=speculate))
+    best = speedups[f"{source}/{gamma}"]
+    if speculate:
+        echo(f"default: speculative, {source}, {gamma} draft tokens (measured {best:.2f}× plain)")
+    else:
+        echo(f"speculation measured slower than plain here (best {best:.2f}× with {source}/{gamma}): the bundle "
+             f"defaults to plain decoding; request speculation per call to use it anyway")
     return path
+
+
+def resolve_source(request):
+    """`specdeploy calibrate BUNDLE`: re-calibrate from the model the bundle was exported from."""
+    import dataclasses
+
+    from .. import manifest as manifest_io
+    from ..errors import ConfigError
+
+    path = Path(request.source)
+    if not (path / manifest_io.MANIFEST_FILE).is_file():
+        return request
+    source = manifest_io.read(path).extra.get("source")
+    if not source or not Path(source).exists():
+        raise ConfigError(f"{path} does not record an existing source model ({source}); "
+                          f"calibrate the model itself: specdeploy calibrate MODEL --output {path}")
+    return dataclasses.replace(request, source=Path(source))

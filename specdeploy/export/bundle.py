@@ -169,7 +169,8 @@ def export(config: ExportConfig, draft: DraftHead | None = None, calibration: di
         adapter, vocab_ids = (draft.adapter, draft.vocab_ids) if draft else (None, None)
         sizes = write_graphs(model, manifest, staging, adapter, vocab_ids)
         tok, template = save_tokenizer(tokenizer, staging)
-        extra = {"weights_bytes": sizes["written"], "weights_bytes_before_dedup": sizes["referenced"]}
+        extra = {"weights_bytes": sizes["written"], "weights_bytes_before_dedup": sizes["referenced"],
+                 "source": str(Path(config.source).resolve())}
         manifest = manifest.replace(tokenizer=tok, chat_template=template, extra=extra,
                                     calibration=calibration)
         if config.validate:

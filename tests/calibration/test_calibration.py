@@ -106,3 +106,77 @@ def test_held_out_task_kinds_are_disjoint():
     train = {c[0]["content"] for c in prompts.builtin(False)}
     held = {c[0]["content"] for c in prompts.builtin(True)}
     assert train and held and not train & held
+
+
+def test_calibrated_bundle_keeps_the_sampling_distribution(calibrated):
+    from distribution import CHI2_999_10DOF, histogram, homogeneity_chi2
+
+    bundle, _ = calibrated
+    with Engine(bundle) as engine:
+        plain = histogram(engine, [12, 13, 14], 500, temperature=1.0, speculative=False)
+        spec = histogram(engine, [12, 13, 14], 500, temperature=1.0, draft_source="early_exit", num_draft_tokens=2)
+    assert homogeneity_chi2(plain, spec) < CHI2_999_10DOF
+
+
+def test_adapter_training_raises_exit_agreement(tiny_model_dir):
+    """Teacher = the head applied to a rotated hidden state; the residual adapter must learn it."""
+    import torch
+    import transformers
+
+    from specdeploy.calibration.adapter import TrainConfig, draft_predictions, train
+    from specdeploy.calibration.data import Activations
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(2000, 64, generator=gen)
+    rotation = torch.eye(64) + 0.6 * torch.randn(64, 64, generator=gen) / 8
+    with torch.no_grad():
+        probs = torch.softmax(model.lm_head(model.model.norm(hidden @ rotation)), -1)
+    top = probs.topk(16, -1)
+    acts = Activations({2: hidden.numpy()}, top.indices.int().numpy(),
+                       (top.values / top.values.sum(-1, keepdim=True)).numpy(), np.zeros(2000, np.int32))
+    vocab_ids = np.arange(96)
+    before, _ = draft_predictions(model, acts, 2, vocab_ids, None)
+    adapter = train(model, acts, 2, vocab_ids, TrainConfig(steps=300, learning_rate=5e-3))
+    after, _ = draft_predictions(model, acts, 2, vocab_ids, adapter)
+    assert (after == acts.greedy).mean() > (before == acts.greedy).mean() + 0.2
+
+
+def test_defaults_fall_back_to_plain_when_speculation_loses():
+    from specdeploy.calibration.pipeline import decide_defaults
+
+    assert decide_defaults({"early_exit/4": 0.8, "hybrid/4": 0.95}) == ("hybrid", 4, False)
+    assert decide_defaults({"early_exit/3": 1.2, "hybrid/3": 1.1}) == ("early_exit", 3, True)
+
+
+def test_autotune_prefers_short_drafts_when_acceptance_is_low():
+    from specdeploy.calibration.costs import CostModel
+
+    costs = CostModel(4, 1.0, {r: 1.0 for r in range(1, 10)}, {r: 1.0 for r in range(1, 10)}, 1.0)
+    rng = np.random.default_rng(0)
+    low = autotune.best(autotune.evaluate(2, rng.random(500) < 0.05, np.ones(500), np.zeros(500, int), costs))
+    assert low.predicted_speedup < 1.0  # speculation cannot win: calibration then defaults to plain
+    high = autotune.best(autotune.evaluate(1, rng.random(500) < 0.95, np.ones(500), np.zeros(500, int), costs))
+    assert high.predicted_speedup > 1.0 and high.num_draft_tokens >= 4
+
+
+def test_empty_prompt_file_is_a_clear_error(tmp_path):
+    f = tmp_path / "empty.jsonl"
+    f.write_text("\n")
+    with pytest.raises(ConfigError, match="holds no prompts"):
+        prompts.load_user_prompts(f)
+
+
+def test_recalibrating_a_bundle_uses_its_recorded_source(tiny_bundle, tmp_path):
+    from specdeploy.calibration.pipeline import resolve_source
+
+    request = ExportRequest(source=tiny_bundle, exit_layer=None, num_draft_tokens=None, output=tmp_path / "x")
+    assert resolve_source(request).source == (tiny_bundle.parent / "llama-model").resolve()
+    orphan = tmp_path / "orphan"
+    import shutil
+
+    shutil.copytree(tiny_bundle, orphan)
+    m = manifest_io.read(orphan)
+    manifest_io.write(orphan, m.replace(extra={}))
+    with pytest.raises(ConfigError, match="source model"):
+        resolve_source(ExportRequest(source=orphan, exit_layer=None, num_draft_tokens=None))
