@@ -137,3 +137,35 @@ def test_disconnect_cancels_generation_and_sigterm_exits_zero(tiny_bundle):
 def test_sigint_exits_zero(tiny_bundle):
     s = RunningServer(tiny_bundle)
     assert s.stop(signal.SIGINT) == 0
+
+
+def test_seeded_sampling_matches_the_runtime(server, tiny_bundle):
+    from specdeploy.runtime.engine import Engine
+
+    body = dict(model="x", prompt="w3 w9 w12", max_tokens=12, temperature=0.9, top_p=0.95, seed=42)
+    served = client(server).completions.create(**body).choices[0].text
+    streamed = "".join(c.choices[0].text for c in client(server).completions.create(stream=True, **body))
+    with Engine(tiny_bundle) as engine:
+        local = engine.generate("w3 w9 w12", max_new_tokens=12, temperature=0.9, top_p=0.95, seed=42).text
+    assert served == local == streamed
+
+
+def test_concurrent_clients_all_get_complete_answers(tiny_bundle):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from specdeploy.runtime.engine import Engine
+
+    s = RunningServer(tiny_bundle, "--max-queue", "8")
+    try:
+        prompts = [f"w{i} w{i + 1} w{i + 2}" for i in range(3, 11)]
+
+        def ask(prompt):
+            return client(s).completions.create(model="x", prompt=prompt, max_tokens=16, temperature=0).choices[0].text
+
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(ask, prompts))
+        with Engine(tiny_bundle) as engine:
+            expected = [engine.generate(p, max_new_tokens=16).text for p in prompts]
+        assert answers == expected
+    finally:
+        s.stop()
