@@ -66,8 +66,10 @@ def _int_or_auto(value: str, name: str):
 @click.option("--no-validate", is_flag=True, help="Skip the ONNX Runtime vs PyTorch parity check.")
 @click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]), default="onnxruntime", show_default=True,
               help="tensorrt: also build TensorRT engines here (needs a GPU and TensorRT).")
+@click.option("--opset", type=click.Choice(["24", "23"]), default="24", show_default=True,
+              help="23: for ONNX Runtime 1.23 (the newest on Python 3.10, e.g. JetPack 6).")
 def export(model, exit_layer, num_draft_tokens, max_context, output, draft_source, calibrate, precision,
-           draft_precision, verify_precision, prompts_file, no_validate, backend):
+           draft_precision, verify_precision, prompts_file, no_validate, backend, opset):
     """Split MODEL (Hugging Face directory or .gguf) into a bundle of draft/verify graphs."""
     from .pipeline import ExportRequest, run_export
 
@@ -76,7 +78,7 @@ def export(model, exit_layer, num_draft_tokens, max_context, output, draft_sourc
         num_draft_tokens=_int_or_auto(num_draft_tokens, "--num-draft-tokens"),
         max_context=max_context, output=output, draft_source=draft_source,
         calibrate=calibrate, precision=precision, validate=not no_validate, prompts_file=prompts_file,
-        draft_precision=draft_precision, verify_precision=verify_precision, backend=backend,
+        draft_precision=draft_precision, verify_precision=verify_precision, backend=backend, opset=int(opset),
     )
     path = run_export(request, echo=click.echo)
     click.echo(f"bundle written to {path}")

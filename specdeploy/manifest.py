@@ -64,6 +64,7 @@ class Manifest:
     calibration: dict | None = None
     quality: dict | None = None
     tensorrt: dict | None = None              # engines built for one TensorRT version and GPU
+    opset: int = 24                           # 23 = ScatterND KV writes, for ONNX Runtime < 1.25
     schema_version: int = SCHEMA_VERSION
     format: str = FORMAT
     extra: dict = field(default_factory=dict)

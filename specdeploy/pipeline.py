@@ -25,6 +25,7 @@ class ExportRequest:
     draft_precision: str | None = None
     verify_precision: str | None = None
     backend: str = "onnxruntime"   # "tensorrt": also build engines on this machine
+    opset: int = 24
 
     def __post_init__(self):
         for p in (self.precision, self.draft_precision, self.verify_precision):
@@ -68,4 +69,5 @@ def _export_config(request: ExportRequest):
         source=request.source, exit_layer=request.exit_layer,
         num_draft_tokens=request.num_draft_tokens, max_context=request.max_context,
         output=request.output, draft_source=request.draft_source, validate=request.validate,
+        opset=request.opset,
     )

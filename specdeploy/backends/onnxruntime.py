@@ -108,8 +108,18 @@ def provider_options(provider: str, bundle: Path) -> list:
              "trt_timing_cache_enable": "1", "trt_timing_cache_path": cache}, {}]
 
 
+def check_opset(manifest: Manifest, version: str = ort.__version__) -> None:
+    major, minor = (int(x) for x in version.split(".")[:2])
+    if manifest.opset >= 24 and (major, minor) < (1, 25):
+        raise BackendError(
+            f"this bundle uses ONNX opset 24 (TensorScatter), which needs onnxruntime>=1.25, but this "
+            f"environment has {version} (the newest for Python 3.10); re-export with --opset 23"
+        )
+
+
 def load_stages(bundle: Path, manifest: Manifest, provider: str = "cpu", threads: int | None = None,
                 log_severity: int = 3) -> dict[str, OrtStage]:
+    check_opset(manifest)
     providers = providers_for(provider)
     options = provider_options(provider, bundle) or None
     device = "cpu" if provider == "cpu" else "cuda"
@@ -124,7 +134,7 @@ def load_stages(bundle: Path, manifest: Manifest, provider: str = "cpu", threads
         except Exception as exc:
             raise BackendError(
                 f"ONNX Runtime {ort.__version__} cannot load {path.name}: {str(exc).splitlines()[0]}; "
-                f"bundles need onnxruntime>=1.25 (opset 24); re-export or upgrade"
+                f"re-export the bundle with this version of specdeploy"
             ) from exc
         stages[name] = OrtStage(name, session, graph, allocate_kv(manifest, graph.layers, device))
     return stages

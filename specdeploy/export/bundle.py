@@ -26,8 +26,11 @@ class ExportConfig:
     output: Path = Path("engine.plan")
     draft_source: str = "early_exit"
     validate: bool = True
+    opset: int = 24   # 23: ScatterND instead of TensorScatter, for ONNX Runtime < 1.25 (Python 3.10)
 
     def __post_init__(self):
+        if self.opset not in (23, 24):
+            raise ConfigError(f"opset={self.opset} is not supported; pick 24 (default) or 23 (ONNX Runtime 1.23)")
         if self.exit_layer < 1:
             raise ConfigError(f"exit_layer={self.exit_layer} must be >= 1")
         if not (1 <= self.num_draft_tokens <= MAX_DRAFT_TOKENS):
@@ -61,12 +64,12 @@ def write_graphs(model, manifest: Manifest, out: Path, adapter=None, vocab_ids=N
 
     raw = out / "raw"
     raw.mkdir()
-    k, ctx = manifest.exit_layer, manifest.max_context
-    onnx_export.export_draft(model, k, ctx, raw / "draft.onnx")
-    onnx_export.export_verify(model, k, ctx, raw / "verify.onnx")
-    onnx_export.export_head(model, raw / "head.onnx")
+    k, ctx, opset = manifest.exit_layer, manifest.max_context, manifest.opset
+    onnx_export.export_draft(model, k, ctx, raw / "draft.onnx", opset)
+    onnx_export.export_verify(model, k, ctx, raw / "verify.onnx", opset)
+    onnx_export.export_head(model, raw / "head.onnx", opset=opset)
     if io_names.DRAFT_HEAD in manifest.graphs:
-        onnx_export.export_head(model, raw / "draft_head.onnx", adapter, vocab_ids)
+        onnx_export.export_head(model, raw / "draft_head.onnx", adapter, vocab_ids, opset)
     files = {name: raw / f"{name}.onnx" for name in manifest.graphs}
     sizes = weights.share(files, out, manifest.weights)
     shutil.rmtree(raw)
@@ -105,7 +108,7 @@ def build_manifest(model, tokenizer, config: ExportConfig, name: str) -> Manifes
     return Manifest(
         model=info, exit_layer=config.exit_layer, num_draft_tokens=config.num_draft_tokens,
         max_context=config.max_context, graphs=decoder_graphs(config.exit_layer, info.num_layers),
-        draft_source=config.draft_source,
+        draft_source=config.draft_source, opset=config.opset,
     )
 
 

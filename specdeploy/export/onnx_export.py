@@ -10,6 +10,7 @@ from .. import io_names
 from .split import DraftModule, HeadModule, VerifyModule
 
 OPSET = 24
+OPSETS = (23, 24)
 
 
 def sample_kv(model, layers: range, max_context: int) -> list[torch.Tensor]:
@@ -25,12 +26,15 @@ def _decoder_args(first, seq: int, write: int, kv):
     return (first, positions, torch.tensor([write]), torch.ones(1, write + seq, dtype=torch.int64), kv)
 
 
-def _export(module, args, names, path: Path, dynamic_shapes) -> None:
+def _export(module, args, names, path: Path, dynamic_shapes, opset: int = OPSET) -> None:
+    from . import split
+
     inputs, outputs = names
+    split.EXPORT_OPSET["value"] = opset
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(
-            module.eval(), args, str(path), dynamo=True, opset_version=OPSET,
+            module.eval(), args, str(path), dynamo=True, opset_version=opset,
             input_names=inputs, output_names=outputs, dynamic_shapes=dynamic_shapes,
             external_data=True, optimize=False, verbose=False,
         )
@@ -45,25 +49,25 @@ def _decoder_shapes(first_name: str, kv_count: int) -> dict:
     }
 
 
-def export_draft(model, exit_layer: int, max_context: int, path: Path) -> None:
+def export_draft(model, exit_layer: int, max_context: int, path: Path, opset: int = OPSET) -> None:
     layers = range(0, exit_layer)
     kv = sample_kv(model, layers, max_context)
     args = _decoder_args(torch.tensor([[1, 2, 3]]), 3, 2, kv)
     names = io_names.decoder_io(io_names.INPUT_IDS, layers)
-    _export(DraftModule(model, exit_layer), args, names, path, _decoder_shapes("input_ids", len(kv)))
+    _export(DraftModule(model, exit_layer), args, names, path, _decoder_shapes("input_ids", len(kv)), opset)
 
 
-def export_verify(model, exit_layer: int, max_context: int, path: Path) -> None:
+def export_verify(model, exit_layer: int, max_context: int, path: Path, opset: int = OPSET) -> None:
     layers = range(exit_layer, model.config.num_hidden_layers)
     kv = sample_kv(model, layers, max_context)
     hidden = torch.randn(1, 3, model.config.hidden_size)
     args = _decoder_args(hidden, 3, 2, kv)
     names = io_names.decoder_io(io_names.HIDDEN_IN, layers)
-    _export(VerifyModule(model, exit_layer), args, names, path, _decoder_shapes("hidden_in", len(kv)))
+    _export(VerifyModule(model, exit_layer), args, names, path, _decoder_shapes("hidden_in", len(kv)), opset)
 
 
-def export_head(model, path: Path, adapter=None, vocab_ids=None) -> None:
+def export_head(model, path: Path, adapter=None, vocab_ids=None, opset: int = OPSET) -> None:
     hidden = torch.randn(1, 2, model.config.hidden_size)
     shapes = {"hidden_in": {1: torch.export.Dim(io_names.SEQ, min=1, max=4096)}}
     module = HeadModule(model, adapter=adapter, vocab_ids=vocab_ids)
-    _export(module, (hidden,), io_names.head_io(), path, shapes)
+    _export(module, (hidden,), io_names.head_io(), path, shapes, opset)

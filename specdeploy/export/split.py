@@ -35,18 +35,34 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
 transformers.AttentionInterface.register(ATTN_IMPLEMENTATION, _attention)
 
 
+EXPORT_OPSET = {"value": 24}  # set by the exporter: 24 (TensorScatter) or 23 (ScatterND)
+
+
+def _scatter_nd_indices(buffer, rows: int, write_index):
+    """[1, Hkv, S, 3] (batch, head, row) indices of the rows a call writes (batch 1)."""
+    heads = buffer.shape[1]
+    h = torch.arange(heads).view(1, heads, 1, 1).expand(1, heads, rows, 1)
+    s = (write_index.view(1, 1, 1, 1) + torch.arange(rows).view(1, 1, rows, 1)).expand(1, heads, rows, 1)
+    return torch.cat([torch.zeros_like(h), h, s], dim=-1)
+
+
 def _write_rows(buffer: torch.Tensor, update: torch.Tensor, write_index: torch.Tensor):
     """Write `update` rows into `buffer` at `write_index` along the sequence axis, in place.
 
     Exported as ONNX TensorScatter (opset 24), which ONNX Runtime and TensorRT run in place when
-    input and output are bound to the same memory.
+    input and output are bound to the same memory; for runtimes without opset 24 (ONNX Runtime
+    1.23, the newest on Python 3.10) as ScatterND, which ONNX Runtime also runs in place.
     """
     # buffer [B, Hkv, S_max, D]; update [B, Hkv, S, D]; write_index [B]
     if torch.onnx.is_in_onnx_export():
-        return torch.onnx.ops.symbolic(
-            "TensorScatter", [buffer, update, write_index], {"axis": -2, "mode": "linear"},
-            dtype=buffer.dtype, shape=buffer.shape, version=24,
-        )
+        if EXPORT_OPSET["value"] >= 24:
+            return torch.onnx.ops.symbolic(
+                "TensorScatter", [buffer, update, write_index], {"axis": -2, "mode": "linear"},
+                dtype=buffer.dtype, shape=buffer.shape, version=24,
+            )
+        indices = _scatter_nd_indices(buffer, update.shape[2], write_index)
+        return torch.onnx.ops.symbolic("ScatterND", [buffer, indices, update], {},
+                                       dtype=buffer.dtype, shape=buffer.shape, version=18)
     rows = update.shape[2]
     index = (write_index.view(-1, 1) + torch.arange(rows)).view(buffer.shape[0], 1, rows, 1)
     return buffer.scatter(2, index.expand(-1, buffer.shape[1], -1, buffer.shape[3]), update)

@@ -93,3 +93,26 @@ def test_reference_schedule_catches_a_broken_graph(tiny_bundle, tiny_model_dir):
         model.model.layers[3].mlp.down_proj.weight.mul_(1.5)
     with pytest.raises(ValidationError, match="disagree"):
         validate_bundle(model, tiny_bundle, m)
+
+
+def test_opset_23_bundle_for_older_onnxruntime(tmp_path):
+    """ScatterND instead of TensorScatter: what ONNX Runtime 1.23 (Python 3.10) can run."""
+    import onnx
+
+    from specdeploy.backends.onnxruntime import check_opset
+    from specdeploy.config import GenerationConfig
+    from specdeploy.errors import BackendError
+    from specdeploy.runtime.engine import Engine
+
+    bundle = export_tiny("llama", tmp_path, exit_layer=2, opset=23)
+    m = manifest_io.read(bundle)
+    assert m.opset == 23 and max(m.extra["validation_max_abs_diff"].values()) < 1e-3
+    ops = {n.op_type for n in onnx.load(str(bundle / "draft.onnx"), load_external_data=False).graph.node}
+    assert "ScatterND" in ops and "TensorScatter" not in ops
+    with Engine(bundle) as engine:
+        cfg = dict(max_new_tokens=30, ignore_eos=True)
+        plain = engine.generate_ids([4, 5, 6], GenerationConfig(speculative=False, **cfg))
+        assert engine.generate_ids([4, 5, 6], GenerationConfig(num_draft_tokens=4, **cfg)) == plain
+    check_opset(m, "1.23.2")
+    with pytest.raises(BackendError, match="--opset 23"):
+        check_opset(m.replace(opset=24), "1.23.2")
