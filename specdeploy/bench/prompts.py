@@ -5,10 +5,10 @@ not. A user's JSONL (`{"category": ..., "prompt": ...}` per line) replaces the s
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..jsonl import read_objects
 
 PASSAGES = [
     "The town council voted on Tuesday to convert the old railway depot into a public library. The building, "
@@ -100,16 +100,8 @@ def builtin() -> dict[str, list[str]]:
 def load(path: Path) -> dict[str, list[str]]:
     """A user's JSONL: {"category": str, "prompt": str} per line (category defaults to 'custom')."""
     out: dict[str, list[str]] = {}
-    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}:{number} is not valid JSON ({exc.msg})") from None
+    for number, item in read_objects(path, '{"category": "chat", "prompt": "..."}'):
         if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
             raise ConfigError(f"{path}:{number} needs a 'prompt' string (and optionally 'category')")
         out.setdefault(str(item.get("category", "custom")), []).append(item["prompt"])
-    if not out:
-        raise ConfigError(f"{path} holds no prompts")
     return out

@@ -16,26 +16,27 @@ from ..runtime.stats import GenerationStats
 
 @dataclass
 class ModeResult:
-    tokens: int = 0
+    """One mode's totals over the prompts (first repeat) and its wall time per repeat."""
+
+    totals: GenerationStats = field(default_factory=GenerationStats)
     seconds: list[float] = field(default_factory=list)   # per repeat, summed over prompts
-    drafted: int = 0
-    accepted: int = 0
-    rounds: int = 0
     first_token_s: list[float] = field(default_factory=list)
     outputs: list[list[int]] = field(default_factory=list)
-    by_source: dict = field(default_factory=dict)
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(o) for o in self.outputs)
 
     @property
     def tokens_per_second(self) -> float:
         return self.tokens / float(np.median(self.seconds)) if self.seconds else 0.0
 
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def tokens_per_round(self) -> float:
-        return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
+    drafted = property(lambda self: self.totals.drafted)
+    accepted = property(lambda self: self.totals.accepted)
+    rounds = property(lambda self: self.totals.rounds)
+    by_source = property(lambda self: self.totals.by_source)
+    acceptance_rate = property(lambda self: self.totals.acceptance_rate)
+    tokens_per_round = property(lambda self: self.totals.tokens_per_round)
 
 
 def run_modes(engine, prompts: list[list[int]], modes: dict[str, GenerationConfig],
@@ -60,12 +61,6 @@ def run_modes(engine, prompts: list[list[int]], modes: dict[str, GenerationConfi
 
 
 def _record(result: ModeResult, out: list[int], stats: GenerationStats) -> None:
-    result.tokens += len(out)
     result.outputs.append(out)
-    result.drafted += stats.drafted
-    result.accepted += stats.accepted
-    result.rounds += stats.rounds
+    result.totals.merge(stats)
     result.first_token_s.append(stats.first_token_s or 0.0)
-    for source, (r, d, a) in stats.by_source.items():
-        entry = result.by_source.setdefault(source, [0, 0, 0])
-        entry[0], entry[1], entry[2] = entry[0] + r, entry[1] + d, entry[2] + a

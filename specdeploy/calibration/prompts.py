@@ -5,10 +5,10 @@ of a kind share phrasing the adapter would otherwise memorise.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..jsonl import read_objects
 
 TASKS = {
     "explain": "Explain {t} to a curious teenager in a short paragraph.",
@@ -43,19 +43,11 @@ def builtin(held_out: bool) -> list[list[dict]]:
 def load_user_prompts(path: Path) -> list[list[dict]]:
     """JSONL: one object per line, either {"prompt": str} or {"messages": [{role, content}, ...]}."""
     conversations = []
-    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}:{number} is not valid JSON ({exc.msg}); one object per line") from None
+    for number, item in read_objects(path, '{"prompt": "..."}'):
         if isinstance(item, dict) and isinstance(item.get("prompt"), str):
             conversations.append([{"role": "user", "content": item["prompt"]}])
         elif isinstance(item, dict) and isinstance(item.get("messages"), list):
             conversations.append(item["messages"])
         else:
             raise ConfigError(f"{path}:{number} needs a 'prompt' string or a 'messages' list")
-    if not conversations:
-        raise ConfigError(f"{path} holds no prompts; add lines like {{\"prompt\": \"...\"}}")
     return conversations

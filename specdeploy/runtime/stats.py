@@ -30,6 +30,22 @@ class GenerationStats:
         entry[1] += drafted
         entry[2] += accepted
 
+    def merge(self, other: "GenerationStats") -> None:
+        """Add another generation's counts (for totals over many prompts)."""
+        self.prompt_tokens += other.prompt_tokens
+        self.generated_tokens += other.generated_tokens
+        self.rounds += other.rounds
+        self.drafted += other.drafted
+        self.accepted += other.accepted
+        self.draft_s += other.draft_s
+        self.verify_s += other.verify_s
+        for k, v in other.accepted_histogram.items():
+            self.accepted_histogram[k] = self.accepted_histogram.get(k, 0) + v
+        for source, counts in other.by_source.items():
+            mine = self.by_source.setdefault(source, [0, 0, 0])
+            for i, v in enumerate(counts):
+                mine[i] += v
+
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
