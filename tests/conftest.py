@@ -95,3 +95,26 @@ def example_bundle(tmp_path_factory) -> Path:
         return Path(prebuilt)
     out = tmp_path_factory.mktemp("example") / "engine.plan"
     return export(ExportConfig(source=EXAMPLE_GGUF, exit_layer=8, max_context=1024, output=out))
+
+
+def _has_gpu() -> bool:
+    try:
+        from cuda.bindings import runtime as cudart
+
+        err, count = cudart.cudaGetDeviceCount()
+        return int(err) == 0 and count > 0
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` / `tensorrt` tests skip cleanly where the hardware or package is absent."""
+    import importlib.util
+
+    gpu = _has_gpu()
+    trt = importlib.util.find_spec("tensorrt") is not None
+    for item in items:
+        if "gpu" in item.keywords and not gpu:
+            item.add_marker(pytest.mark.skip(reason="no NVIDIA GPU with a working CUDA driver"))
+        if "tensorrt" in item.keywords and not trt:
+            item.add_marker(pytest.mark.skip(reason="the tensorrt package is not installed"))
