@@ -37,7 +37,7 @@ class GenerationConfig:
             object.__setattr__(self, "stop", (self.stop,))
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ConfigError("stop must be a list of non-empty strings")
-        self.sampling  # validates temperature / top_k / top_p
+        _ = self.sampling  # constructing it validates temperature / top_k / top_p
 
     @property
     def sampling(self) -> SamplingParams:

@@ -61,7 +61,7 @@ def measure(model: SplitModel, max_rows: int, repeats: int = 15) -> CostModel:
     deep, head = {}, {}
     for rows in range(1, max_rows + 1):
         hidden = np.repeat(one, rows, axis=0)                   # [rows, H]
-        deep[rows] = _median_time(lambda: model.deep(hidden, base), repeats) / (layers - k)
-        head[rows] = _median_time(lambda: model.logits(hidden), repeats)
+        deep[rows] = _median_time(lambda h=hidden: model.deep(h, base), repeats) / (layers - k)
+        head[rows] = _median_time(lambda h=hidden: model.logits(h), repeats)
     draft_head = _median_time(lambda: model.draft_logits(one), repeats)
     return CostModel(layers, shallow / k, deep, head, draft_head)

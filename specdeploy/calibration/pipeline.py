@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 
 from ..config import GenerationConfig
 from ..export.bundle import DraftHead, ExportConfig, export

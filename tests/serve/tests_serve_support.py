@@ -1,4 +1,3 @@
-import os
 import signal
 import socket
 import subprocess
@@ -6,7 +5,6 @@ import sys
 import time
 
 import httpx
-import pytest
 
 
 def free_port() -> int:
