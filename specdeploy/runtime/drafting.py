@@ -50,6 +50,9 @@ class EarlyExitDrafter:
             self.probs[row, self.vocab_ids] = q
         return self._full_id(sample(q, rng)), float(q.max())
 
+    def observe(self, source: str, tokens: int, seconds: float) -> None:
+        """Round outcomes, reported by the decoder (unused: early exit always drafts)."""
+
     def _full_id(self, index: int) -> int:
         return index if self.vocab_ids is None else int(self.vocab_ids[index])
 
@@ -94,6 +97,9 @@ class LookupDrafter:
     def __init__(self, model: SplitModel, ngram_min: int = 2, ngram_max: int = 4):
         self.model, self.ngram_min, self.ngram_max = model, ngram_min, ngram_max
 
+    def observe(self, source: str, tokens: int, seconds: float) -> None:
+        """Round outcomes, reported by the decoder (unused: lookup is free to propose)."""
+
     def draft(self, history, pending: int, start: int, budget: int, params, rng) -> Draft | None:
         if budget == 0:
             return None
@@ -105,14 +111,54 @@ class LookupDrafter:
         return Draft(tokens, None, hidden, "lookup")
 
 
+class RateEstimate:
+    """Exponentially weighted tokens per second of one kind of round."""
+
+    def __init__(self, decay: float = 0.9):
+        self.decay, self.tokens, self.seconds, self.rounds = decay, 0.0, 0.0, 0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        self.tokens = self.decay * self.tokens + tokens
+        self.seconds = self.decay * self.seconds + seconds
+        self.rounds += 1
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
 class HybridDrafter:
-    """Lookup when the context offers a match this round, early exit otherwise."""
+    """Lookup when the context offers a match this round; otherwise early exit or a plain step.
+
+    Whether early exit pays depends on the bundle (calibrated or not) and the text, so the choice
+    between an early-exit round and a plain round is made from their measured tokens per second
+    (a few rounds of each to start, then the faster one, re-checking the other now and then).
+    Every choice is exact; only the speed differs.
+    """
+
+    MIN_ROUNDS, EXPLORE_EVERY = 3, 32
 
     def __init__(self, lookup: LookupDrafter, early_exit: EarlyExitDrafter):
         self.lookup, self.early_exit = lookup, early_exit
+        self.rates = {"early_exit": RateEstimate(), "plain": RateEstimate()}
+        self.fallbacks = 0
 
-    def draft(self, history, pending, start, budget, params, rng) -> Draft:
+    def observe(self, source: str, tokens: int, seconds: float) -> None:
+        if source in self.rates:
+            self.rates[source].add(tokens, seconds)
+
+    def _use_early_exit(self) -> bool:
+        early, plain = self.rates["early_exit"], self.rates["plain"]
+        self.fallbacks += 1
+        if early.rounds < self.MIN_ROUNDS or plain.rounds < self.MIN_ROUNDS:
+            return early.rounds <= plain.rounds
+        faster = early.rate >= plain.rate
+        return faster != (self.fallbacks % self.EXPLORE_EVERY == 0)
+
+    def draft(self, history, pending, start, budget, params, rng) -> Draft | None:
         found = self.lookup.draft(history, pending, start, budget, params, rng)
         if found is not None:
             return found
+        if not self._use_early_exit():
+            return None  # a plain step
         return self.early_exit.draft(history, pending, start, budget, params, rng)

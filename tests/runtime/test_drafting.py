@@ -13,3 +13,42 @@ def test_lookup_prefers_longest_most_recent_match():
 def test_lookup_without_match_is_empty():
     assert find_continuation(np.array([1, 2, 3, 4]), 5, 2, 4).tolist() == []
     assert find_continuation(np.array([1]), 5, 1, 4).tolist() == []
+
+
+class _Never:
+    def draft(self, *args):
+        return None
+
+
+class _Marker:
+    def draft(self, *args):
+        return "early"
+
+
+def test_hybrid_falls_back_to_the_faster_of_early_exit_and_plain():
+    from specdeploy.runtime.drafting import HybridDrafter
+
+    hybrid = HybridDrafter(_Never(), _Marker())
+    picks = []
+    for _ in range(64):
+        choice = hybrid.draft(None, 0, 0, 4, None, None)
+        picks.append(choice)
+        if choice == "early":
+            hybrid.observe("early_exit", 1, 0.05)  # early exit: 20 tok/s
+        else:
+            hybrid.observe("plain", 1, 0.02)       # plain: 50 tok/s
+    assert picks[:6].count("early") == 3  # measures both first
+    later = picks[10:]
+    assert later.count(None) > 0.9 * len(later) and "early" in later  # plain wins, early re-checked
+
+
+def test_hybrid_keeps_early_exit_when_it_is_faster():
+    from specdeploy.runtime.drafting import HybridDrafter
+
+    hybrid = HybridDrafter(_Never(), _Marker())
+    picks = []
+    for _ in range(40):
+        choice = hybrid.draft(None, 0, 0, 4, None, None)
+        picks.append(choice)
+        hybrid.observe("early_exit" if choice == "early" else "plain", 3 if choice == "early" else 1, 0.03)
+    assert picks[10:].count("early") > 0.85 * len(picks[10:])
