@@ -29,7 +29,6 @@ def test_greedy_speculative_equals_plain(tiny_engine, source, gamma):
 def test_early_exit_rounds_draft_and_roll_back(tiny_engine):
     _, stats = ids(tiny_engine, [7, 8, 9], max_new_tokens=60, num_draft_tokens=4)
     assert stats.drafted > 0 and stats.accepted < stats.drafted  # some rejections happened
-    assert stats.rounds < 60 or stats.accepted == 0
 
 
 def test_plain_mode_runs_one_token_per_round(tiny_engine):
