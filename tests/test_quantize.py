@@ -52,15 +52,14 @@ def test_graph_ops_match_precision(quantized):
         assert m.precision == "draft:int8+head:fp32+verify:fp32"
     if kind == "fp8":
         assert "DequantizeLinear" in ops and onnx.TensorProto.FLOAT8E4M3FN in types
-    if kind == "fp16":
-        assert m.kv_dtype == "float16" and onnx.TensorProto.FLOAT16 in types
+    if kind == "fp16":  # weight-only: float16 weights behind casts, float32 activations and KV
+        assert m.kv_dtype == "float32" and onnx.TensorProto.FLOAT16 in types and "Cast" in ops
 
 
 def test_precision_plan_rules(tiny_bundle):
     m = manifest_io.read(tiny_bundle)
     assert graph_precisions(m, "int8", "fp8", None) == {"draft": "fp8", "verify": "int8", "head": "int8"}
-    with pytest.raises(ConfigError, match="fp16"):
-        graph_precisions(m, "fp32", "fp16", None)
+    assert graph_precisions(m, "fp32", "fp16", None)["draft"] == "fp16"
     with pytest.raises(ConfigError, match="unknown"):
         graph_precisions(m, "int4", None, None)
 
