@@ -44,11 +44,12 @@ def test_graph_ops_match_precision(quantized):
     ops = {n.op_type for n in draft.graph.node}
     types = {t.data_type for t in draft.graph.initializer}
     if kind in ("int8", "mixed"):
-        assert {"QuantizeLinear", "DequantizeLinear"} <= ops and onnx.TensorProto.INT8 in types
+        # weight-only: int8 weights dequantized, activations stay float (greedy identity)
+        assert "DequantizeLinear" in ops and "QuantizeLinear" not in ops and onnx.TensorProto.INT8 in types
         assert m.graph("draft").precision == "int8"
     if kind == "mixed":
         verify = onnx.load(str(bundle / m.graph("verify").file), load_external_data=False)
-        assert "QuantizeLinear" not in {n.op_type for n in verify.graph.node}
+        assert "DequantizeLinear" not in {n.op_type for n in verify.graph.node}
         assert m.precision == "draft:int8+head:fp32+verify:fp32"
     if kind == "fp8":
         assert "DequantizeLinear" in ops and onnx.TensorProto.FLOAT8E4M3FN in types
@@ -68,3 +69,15 @@ def test_quantizing_a_quantized_bundle_is_refused(quantized, tmp_path):
     kind, bundle, _ = quantized
     with pytest.raises(ConfigError, match="quantize an fp32 bundle"):
         quantize(bundle, tmp_path / "again", "int8", report=False)
+
+
+def test_weight_only_graphs_fold_their_dequantization(quantized):
+    """ONNX Runtime must not fuse quantized weights into activation-quantizing kernels."""
+    kind, bundle, _ = quantized
+    with Engine(bundle) as engine:
+        options = engine.model.stages["draft"].session.get_session_options()
+        try:
+            folded = options.get_session_config_entry("session.disable_quant_qdq")
+        except RuntimeError:  # not set
+            folded = None
+    assert folded == ("1" if kind in ("int8", "fp8", "mixed") else None)

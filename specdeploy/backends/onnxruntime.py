@@ -23,10 +23,14 @@ PROVIDERS = {
 }
 
 
-def session_options(threads: int | None = None, log_severity: int = 3) -> ort.SessionOptions:
+def session_options(threads: int | None = None, log_severity: int = 3,
+                    fold_dequantize: bool = False) -> ort.SessionOptions:
     """Small-batch decode: one pool per session sized to the cores, no busy-spinning.
 
     Draft and verify sessions alternate; spinning pools would fight over the same cores.
+    `fold_dequantize` (weight-only int8/fp8 graphs): dequantize the weights once at load instead of
+    letting ONNX Runtime fuse them into kernels that quantize activations per call, whose results
+    depend on how many rows a call carries and so break greedy identity with plain decoding.
     """
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -36,6 +40,8 @@ def session_options(threads: int | None = None, log_severity: int = 3) -> ort.Se
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     so.add_session_config_entry("session.inter_op.allow_spinning", "0")
     so.log_severity_level = log_severity
+    if fold_dequantize:
+        so.add_session_config_entry("session.disable_quant_qdq", "1")
     return so
 
 
@@ -128,7 +134,8 @@ def load_stages(bundle: Path, manifest: Manifest, provider: str = "cpu", threads
         path = Path(bundle) / graph.file
         try:
             session = ort.InferenceSession(
-                str(path), session_options(threads, log_severity), providers=providers,
+                str(path), session_options(threads, log_severity, graph.precision in ("int8", "fp8")),
+                providers=providers,
                 provider_options=options,
             )
         except Exception as exc:
