@@ -37,6 +37,8 @@ class GenerationStats:
         self.rounds += other.rounds
         self.drafted += other.drafted
         self.accepted += other.accepted
+        self.prefill_s += other.prefill_s
+        self.decode_s += other.decode_s
         self.draft_s += other.draft_s
         self.verify_s += other.verify_s
         for k, v in other.accepted_histogram.items():
