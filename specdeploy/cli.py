@@ -55,6 +55,8 @@ def _int_or_auto(value: str, name: str):
 @click.option("--max-context", default=2048, show_default=True, help="KV buffer capacity in tokens.")
 @click.option("--output", "-o", default=Path("engine.plan"), type=click.Path(path_type=Path), show_default=True)
 @click.option("--draft-source", type=click.Choice(["early_exit", "lookup", "hybrid"]), default="early_exit", show_default=True)
+@click.option("--lookup-ngram", nargs=2, type=int, default=(2, 4), show_default=True, metavar="MIN MAX",
+              help="Suffix lengths lookup drafting matches (longest first), recorded as the default.")
 @click.option("--calibrate/--no-calibrate", default=False, help="Train an exit adapter and tune drafting (needs the export extra).")
 @click.option("--precision", type=click.Choice(["fp32", "fp16", "int8", "fp8"]), default="fp32", show_default=True)
 @click.option("--draft-precision", type=click.Choice(["fp32", "fp16", "int8", "fp8"]), default=None,
@@ -68,7 +70,7 @@ def _int_or_auto(value: str, name: str):
               help="tensorrt: also build TensorRT engines here (needs a GPU and TensorRT).")
 @click.option("--opset", type=click.Choice(["24", "23"]), default="24", show_default=True,
               help="23: for ONNX Runtime 1.23 (the newest on Python 3.10, e.g. JetPack 6).")
-def export(model, exit_layer, num_draft_tokens, max_context, output, draft_source, calibrate, precision,
+def export(model, exit_layer, num_draft_tokens, max_context, output, draft_source, lookup_ngram, calibrate, precision,
            draft_precision, verify_precision, prompts_file, no_validate, backend, opset):
     """Split MODEL (Hugging Face directory or .gguf) into a bundle of draft/verify graphs."""
     from .pipeline import ExportRequest, run_export
@@ -76,7 +78,7 @@ def export(model, exit_layer, num_draft_tokens, max_context, output, draft_sourc
     request = ExportRequest(
         source=model, exit_layer=_int_or_auto(exit_layer, "--exit-layer"),
         num_draft_tokens=_int_or_auto(num_draft_tokens, "--num-draft-tokens"),
-        max_context=max_context, output=output, draft_source=draft_source,
+        max_context=max_context, output=output, draft_source=draft_source, lookup_ngram=lookup_ngram,
         calibrate=calibrate, precision=precision, validate=not no_validate, prompts_file=prompts_file,
         draft_precision=draft_precision, verify_precision=verify_precision, backend=backend, opset=int(opset),
     )
@@ -92,12 +94,14 @@ def export(model, exit_layer, num_draft_tokens, max_context, output, draft_sourc
 @click.option("--output", "-o", default=Path("engine.plan"), type=click.Path(path_type=Path), show_default=True)
 @click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="JSONL of extra calibration prompts: {\"prompt\": ...} or {\"messages\": [...]} per line.")
+@click.option("--lookup-ngram", nargs=2, type=int, default=(2, 4), show_default=True, metavar="MIN MAX",
+              help="Suffix lengths lookup drafting matches (longest first), recorded as the default.")
 @click.option("--precision", type=click.Choice(["fp32", "fp16", "int8", "fp8"]), default="fp32", show_default=True)
 @click.option("--draft-precision", type=click.Choice(["fp32", "fp16", "int8", "fp8"]), default=None,
               help="Override for the draft graph and draft head.")
 @click.option("--verify-precision", type=click.Choice(["fp32", "fp16", "int8", "fp8"]), default=None,
               help="Override for the verify graph and head.")
-def calibrate(model, exit_layer, num_draft_tokens, max_context, output, prompts_file, precision,
+def calibrate(model, exit_layer, num_draft_tokens, max_context, output, prompts_file, lookup_ngram, precision,
               draft_precision, verify_precision):
     """Calibrate early exit (adapter, draft vocabulary, autotune) and export a bundle.
 
@@ -108,7 +112,7 @@ def calibrate(model, exit_layer, num_draft_tokens, max_context, output, prompts_
     request = ExportRequest(
         source=model, exit_layer=_int_or_auto(exit_layer, "--exit-layer"),
         num_draft_tokens=_int_or_auto(num_draft_tokens, "--num-draft-tokens"),
-        max_context=max_context, output=output, calibrate=True, precision=precision,
+        max_context=max_context, output=output, calibrate=True, precision=precision, lookup_ngram=lookup_ngram,
         prompts_file=prompts_file, draft_precision=draft_precision, verify_precision=verify_precision,
     )
     path = run_export(request, echo=click.echo)
@@ -129,11 +133,13 @@ def calibrate(model, exit_layer, num_draft_tokens, max_context, output, prompts_
               help="Speculative (default, unless the bundle defaults to plain) or plain decoding.")
 @click.option("--num-draft-tokens", type=int, default=None, help="Override the bundle's draft length.")
 @click.option("--draft-source", type=click.Choice(["early_exit", "lookup", "hybrid"]), default=None)
+@click.option("--lookup-ngram", nargs=2, type=int, default=None, metavar="MIN MAX",
+              help="Override the bundle's lookup n-gram range (longest match first).")
 @click.option("--chat/--raw", default=True, show_default=True, help="Wrap PROMPT in the chat template.")
 @click.option("--provider", type=click.Choice(["cpu", "cuda", "tensorrt"]), default="cpu", show_default=True)
 @click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]), default="onnxruntime", show_default=True)
 def generate(bundle, prompt, max_tokens, temperature, greedy, top_k, top_p, seed, stop, speculative,
-             num_draft_tokens, draft_source, chat, provider, backend):
+             num_draft_tokens, draft_source, lookup_ngram, chat, provider, backend):
     """Generate text from PROMPT with BUNDLE, streaming it, then print a summary line."""
     from .config import GenerationConfig
     from .generate import generate_to
@@ -141,7 +147,7 @@ def generate(bundle, prompt, max_tokens, temperature, greedy, top_k, top_p, seed
     config = GenerationConfig(
         max_new_tokens=max_tokens, temperature=0.0 if greedy else temperature, top_k=top_k, top_p=top_p, seed=seed,
         stop=tuple(stop), speculative=speculative, num_draft_tokens=num_draft_tokens,
-        draft_source=draft_source,
+        draft_source=draft_source, lookup_ngram=lookup_ngram,
     )
     generate_to(bundle, prompt, config, lambda s: click.echo(s, nl=False), chat=chat,
                 provider=provider, backend=backend)

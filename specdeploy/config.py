@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import ConfigError
-from .runtime.drafting import SOURCES
+from .runtime.drafting import SOURCES, check_ngram
 from .runtime.sampling import SamplingParams
 
 MAX_DRAFT_TOKENS = 16
@@ -21,6 +21,7 @@ class GenerationConfig:
     speculative: bool | None = None       # None: the bundle's default
     num_draft_tokens: int | None = None   # None: the bundle's default
     draft_source: str | None = None       # None: the bundle's default
+    lookup_ngram: tuple[int, int] | None = None  # (min, max) suffix lengths lookup matches; None: bundle's
     ignore_eos: bool = False
 
     def __post_init__(self):
@@ -33,6 +34,8 @@ class GenerationConfig:
             raise ConfigError(
                 f"draft_source='{self.draft_source}' is unknown; pick one of {', '.join(SOURCES)}"
             )
+        if self.lookup_ngram is not None:
+            object.__setattr__(self, "lookup_ngram", check_ngram(self.lookup_ngram))
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         if any(not isinstance(s, str) or not s for s in self.stop):

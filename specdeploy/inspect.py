@@ -15,7 +15,8 @@ def describe(bundle: Path) -> str:
         f"vocab {info.vocab_size}, {info.num_kv_heads} KV heads × {info.head_dim})",
         f"split       exit layer {m.exit_layer}: draft = layers 0..{m.exit_layer - 1}, "
         f"verify = layers {m.exit_layer}..{info.num_layers - 1}",
-        f"decoding    {m.num_draft_tokens} draft tokens, source {m.draft_source}, "
+        f"decoding    {m.num_draft_tokens} draft tokens, source {m.draft_source} "
+        f"(lookup n-grams {m.lookup_ngram[0]}..{m.lookup_ngram[1]}), "
         f"{'speculative' if m.default_speculative else 'plain'} by default"
         + (f", confidence threshold {m.confidence_threshold}" if m.confidence_threshold else ""),
         f"KV buffers  {m.kv_dtype} {list(m.kv_shape)} per layer and K/V (max context {m.max_context})",

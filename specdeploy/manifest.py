@@ -56,6 +56,7 @@ class Manifest:
     kv_dtype: str = "float32"
     precision: str = "fp32"
     draft_source: str = "early_exit"
+    lookup_ngram: tuple[int, int] = (2, 4)    # suffix lengths lookup drafting matches, longest first
     default_speculative: bool = True           # False when calibration found speculation slower
     tokenizer: str = "tokenizer.json"
     chat_template: str | None = None
@@ -94,6 +95,13 @@ def _graph_from(d: dict) -> GraphInfo:
     )
 
 
+def _ngram(value) -> tuple[int, int]:
+    ok = isinstance(value, list) and len(value) == 2 and all(type(n) is int for n in value)
+    if not ok or not 1 <= value[0] <= value[1]:
+        raise BundleError(f"manifest lookup_ngram={value!r} is invalid; set it to [min, max], e.g. [2, 4]")
+    return tuple(value)
+
+
 def from_dict(d: dict) -> Manifest:
     if d.get("format") != FORMAT:
         raise BundleError("not a specdeploy bundle manifest; export one with 'specdeploy export'")
@@ -106,6 +114,8 @@ def from_dict(d: dict) -> Manifest:
     model["eos_token_ids"] = tuple(model["eos_token_ids"])
     graphs = {name: _graph_from(g) for name, g in d["graphs"].items()}
     rest = {k: v for k, v in d.items() if k not in ("model", "graphs")}
+    if "lookup_ngram" in rest:
+        rest["lookup_ngram"] = _ngram(rest["lookup_ngram"])
     return Manifest(model=ModelInfo(**model), graphs=graphs, **rest)
 
 

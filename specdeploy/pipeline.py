@@ -18,6 +18,7 @@ class ExportRequest:
     max_context: int = 2048
     output: Path = Path("engine.plan")
     draft_source: str = "early_exit"
+    lookup_ngram: tuple[int, int] = (2, 4)
     calibrate: bool = False
     precision: str = "fp32"
     validate: bool = True
@@ -68,6 +69,6 @@ def _export_config(request: ExportRequest):
     return ExportConfig(
         source=request.source, exit_layer=request.exit_layer,
         num_draft_tokens=request.num_draft_tokens, max_context=request.max_context,
-        output=request.output, draft_source=request.draft_source, validate=request.validate,
-        opset=request.opset,
+        output=request.output, draft_source=request.draft_source, lookup_ngram=request.lookup_ngram,
+        validate=request.validate, opset=request.opset,
     )

@@ -31,6 +31,8 @@ def test_bad_option_values_exit_non_zero(tiny_bundle):
     assert run("generate", tiny_bundle, "w3", "--temperature", "-2").exit_code == 1
     assert run("generate", tiny_bundle, "w3", "--num-draft-tokens", "0").exit_code == 1
     assert run("export", "model", "--exit-layer", "x").exit_code == 2
+    result = run("generate", tiny_bundle, "w3", "--lookup-ngram", 3, 2)
+    assert result.exit_code == 1 and "lookup_ngram=(3, 2)" in result.output and result.output.count("\n") == 1
 
 
 def test_export_error_is_one_line(tmp_path):
@@ -39,6 +41,7 @@ def test_export_error_is_one_line(tmp_path):
 
 
 def test_corrupt_and_foreign_bundles_are_one_line_errors(tiny_bundle, tmp_path):
+    import json
     import shutil
 
     corrupt = tmp_path / "corrupt"
@@ -47,11 +50,15 @@ def test_corrupt_and_foreign_bundles_are_one_line_errors(tiny_bundle, tmp_path):
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "manifest.json").write_text('{"format": "something-else"}')
+    bad_ngram = tmp_path / "bad_ngram"
+    shutil.copytree(tiny_bundle, bad_ngram)
+    data = json.loads((bad_ngram / "manifest.json").read_text())
+    (bad_ngram / "manifest.json").write_text(json.dumps({**data, "lookup_ngram": [0, "4"]}))
     partial = tmp_path / "partial"
     shutil.copytree(tiny_bundle, partial)
     (partial / "verify.onnx").unlink()
     for bundle, fragment in ((corrupt, "not valid JSON"), (foreign, "not a specdeploy bundle"),
-                             (partial, "verify.onnx is missing")):
+                             (partial, "verify.onnx is missing"), (bad_ngram, "lookup_ngram")):
         result = run("generate", bundle, "w3")
         assert result.exit_code == 1 and fragment in result.output, result.output
         assert "Traceback" not in result.output and result.output.count("\n") == 1
@@ -70,3 +77,6 @@ def test_export_and_generate_through_the_cli(tiny_model_dir, tmp_path):
     assert result.exit_code == 0, result.output
     result = run("generate", out, "w3 w4", "--max-tokens", 6, "--raw", "--draft-source", "hybrid")
     assert result.exit_code == 0 and "speculative (hybrid)" in result.output
+    result = run("generate", out, "w3 w4", "--max-tokens", 6, "--raw", "--draft-source", "lookup",
+                 "--lookup-ngram", 1, 3)
+    assert result.exit_code == 0, result.output

@@ -136,7 +136,7 @@ def calibrate_export(request, echo: Callable[[str], None] = print,
     config = ExportConfig(source=request.source, exit_layer=choice.exit_layer,
                           num_draft_tokens=choice.num_draft_tokens, max_context=request.max_context,
                           output=request.output, draft_source=request.draft_source,
-                          validate=request.validate, opset=request.opset)
+                          lookup_ngram=request.lookup_ngram, validate=request.validate, opset=request.opset)
     path = export(config, draft, calibration, loaded=(model, tokenizer))
     return _choose_defaults(path, held_convs, [choice.num_draft_tokens], cal, echo)
 

@@ -12,7 +12,7 @@ from .. import manifest as manifest_io
 from ..config import MAX_DRAFT_TOKENS
 from ..errors import ConfigError
 from ..manifest import GraphInfo, Manifest
-from ..runtime.drafting import SOURCES
+from ..runtime.drafting import DEFAULT_NGRAM, SOURCES, check_ngram
 
 log = logging.getLogger("specdeploy")
 
@@ -25,6 +25,7 @@ class ExportConfig:
     max_context: int = 2048
     output: Path = Path("engine.plan")
     draft_source: str = "early_exit"
+    lookup_ngram: tuple[int, int] = DEFAULT_NGRAM
     validate: bool = True
     opset: int = 24   # 23: ScatterND instead of TensorScatter, for ONNX Runtime < 1.25 (Python 3.10)
 
@@ -39,6 +40,7 @@ class ExportConfig:
             raise ConfigError(f"max_context={self.max_context} must be in 16..32768")
         if self.draft_source not in SOURCES:
             raise ConfigError(f"draft_source='{self.draft_source}' is unknown; pick one of {', '.join(SOURCES)}")
+        object.__setattr__(self, "lookup_ngram", check_ngram(self.lookup_ngram))
 
     def check_layers(self, num_layers: int) -> None:
         if self.exit_layer >= num_layers:
@@ -108,7 +110,7 @@ def build_manifest(model, tokenizer, config: ExportConfig, name: str) -> Manifes
     return Manifest(
         model=info, exit_layer=config.exit_layer, num_draft_tokens=config.num_draft_tokens,
         max_context=config.max_context, graphs=decoder_graphs(config.exit_layer, info.num_layers),
-        draft_source=config.draft_source, opset=config.opset,
+        draft_source=config.draft_source, lookup_ngram=config.lookup_ngram, opset=config.opset,
     )
 
 

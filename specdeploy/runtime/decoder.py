@@ -37,10 +37,11 @@ class Decoder:
         manifest = model.manifest
         self.default_draft_tokens = manifest.num_draft_tokens
         self.default_source = manifest.draft_source
+        self.default_ngram = manifest.lookup_ngram
         self.default_speculative = manifest.default_speculative
         self.eos = set(manifest.model.eos_token_ids)
         early = EarlyExitDrafter(model, vocab_ids, confidence_threshold, MAX_DRAFT_TOKENS)
-        lookup = LookupDrafter(model)
+        self.lookup = lookup = LookupDrafter(model, self.default_ngram)
         self.drafters = {"early_exit": early, "lookup": lookup, "hybrid": HybridDrafter(lookup, early)}
         self.history = np.zeros(model.max_context + 1, np.int64)  # prompt + committed + pending
 
@@ -68,6 +69,7 @@ class Decoder:
         params, rng = config.sampling, np.random.default_rng(config.seed)
         gamma = config.num_draft_tokens or self.default_draft_tokens
         drafter = self.drafters[config.draft_source or self.default_source]
+        self.lookup.configure(config.lookup_ngram or self.default_ngram)
         speculative = self.default_speculative if config.speculative is None else config.speculative
         stats.prompt_tokens = len(prompt)
         began = time.perf_counter()

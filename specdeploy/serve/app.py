@@ -165,7 +165,7 @@ class Server:
             "id": self.model_name, "object": "model", "created": 0, "owned_by": "specdeploy",
             "exit_layer": m.exit_layer, "num_layers": m.model.num_layers,
             "num_draft_tokens": m.num_draft_tokens, "draft_source": m.draft_source,
-            "max_context": m.max_context, "precision": m.precision}]})
+            "lookup_ngram": list(m.lookup_ngram), "max_context": m.max_context, "precision": m.precision}]})
 
     async def health(self, http: HttpRequest):
         return JSONResponse({"status": "ok", "queue_depth": self.worker.depth})

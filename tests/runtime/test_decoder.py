@@ -26,6 +26,19 @@ def test_greedy_speculative_equals_plain(tiny_engine, source, gamma):
         assert stats.generated_tokens == 40
 
 
+@pytest.mark.parametrize("ngram", [(1, 1), (1, 6), (3, 8)])
+def test_lookup_ngram_range_is_exact_and_changes_what_is_drafted(tiny_engine, ngram):
+    prompt = [int(t) for t in np.random.default_rng(7).integers(2, 96, 24)]
+    plain, _ = ids(tiny_engine, prompt, max_new_tokens=40, speculative=False)
+    spec, stats = ids(tiny_engine, prompt, max_new_tokens=40, draft_source="lookup", lookup_ngram=ngram)
+    assert spec == plain
+    if ngram[0] == 1:  # single tokens of a 96-word vocabulary recur in 64 tokens: drafts happen
+        assert stats.drafted > 0
+    _, default = ids(tiny_engine, prompt, max_new_tokens=40, draft_source="lookup")
+    _, loose = ids(tiny_engine, prompt, max_new_tokens=40, draft_source="lookup", lookup_ngram=(1, 4))
+    assert loose.by_source["lookup"][1] > default.by_source.get("lookup", (0, 0))[1]  # drafted tokens
+
+
 def test_early_exit_rounds_draft_and_roll_back(tiny_engine):
     _, stats = ids(tiny_engine, [7, 8, 9], max_new_tokens=60, num_draft_tokens=4)
     assert stats.drafted > 0 and stats.accepted < stats.drafted  # some rejections happened

@@ -1,6 +1,8 @@
 import numpy as np
+import pytest
 
-from specdeploy.runtime.drafting import find_continuation
+from specdeploy.errors import ConfigError
+from specdeploy.runtime.drafting import check_ngram, find_continuation
 
 
 def test_lookup_prefers_longest_most_recent_match():
@@ -13,6 +15,22 @@ def test_lookup_prefers_longest_most_recent_match():
 def test_lookup_without_match_is_empty():
     assert find_continuation(np.array([1, 2, 3, 4]), 5, 2, 4).tolist() == []
     assert find_continuation(np.array([1]), 5, 1, 4).tolist() == []
+
+
+def test_single_token_matches_only_when_the_range_allows_them():
+    history = np.array([5, 6, 7, 8, 6])
+    assert find_continuation(history, 2, 2, 4).tolist() == []
+    assert find_continuation(history, 2, 1, 4).tolist() == [7, 8]
+
+
+@pytest.mark.parametrize("bad", [(3, 2), (0, 2), (1, 17), (True, 2), ("2", 4), (2,), 4, None])
+def test_bad_ngram_ranges_say_what_to_pass(bad):
+    with pytest.raises(ConfigError, match=r"lookup_ngram=.*e\.g\. \(2, 4\)"):
+        check_ngram(bad)
+
+
+def test_ngram_ranges_from_json_lists_are_accepted():
+    assert check_ngram([1, 3]) == (1, 3)
 
 
 class _Never:

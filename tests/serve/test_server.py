@@ -60,6 +60,9 @@ def test_raw_sse_format(server):
     (json.dumps({"prompt": "w3", "stop": [1]}), "stop"),
     (json.dumps({"prompt": "w3", "num_draft_tokens": 100}), "num_draft_tokens"),
     (json.dumps({"prompt": "w3", "draft_source": "medusa"}), "draft_source"),
+    (json.dumps({"prompt": "w3", "lookup_ngram": 3}), "lookup_ngram"),
+    (json.dumps({"prompt": "w3", "lookup_ngram": [4, 2]}), "lookup_ngram"),
+    (json.dumps({"prompt": "w3", "lookup_ngram": [1, "x"]}), "lookup_ngram"),
     (json.dumps({"prompt": " ".join(["w3"] * 120), "max_tokens": 50}), "max context"),
     (json.dumps(["a list"]), "JSON object"),
 ])
