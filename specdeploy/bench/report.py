@@ -78,6 +78,8 @@ def markdown(results: dict) -> str:
                      for m in modes if m != "plain"]
             lines.append(f"| {cat} | {r['plain']['tokens_per_second']:.1f} | " + " | ".join(cells) + " |")
         lines.append("")
+    if "lookup_bound" in results:
+        lines += _bound_lines(results)
     if "compare" in results:
         lines += ["## other runtimes (same model, prompts and machine; greedy)", "",
                   "| runtime | tok/s | vs specdeploy plain | note |", "|---|---|---|---|"]
@@ -100,6 +102,22 @@ def markdown(results: dict) -> str:
                      f"speculative {mem['speculative']['peak_mb']:.0f} MB "
                      f"({100 * mem['speculative_overhead']:+.1f}%).")
     return "\n".join(lines) + "\n"
+
+
+def _bound_lines(results: dict) -> list[str]:
+    """Measured lookup/hybrid speedups beside the clairvoyant bound on the same greedy outputs."""
+    b, greedy = results["lookup_bound"], results["results"].get("0.0", {})
+    measured = {**greedy, "overall": results["overall"].get("0.0", {})}
+    lines = ["## lookup bound (greedy): the most any copy drafter could reach on these outputs", "",
+             f"Every round drafts exactly the longest continuation any earlier {b['ngram'][0]}..{b['ngram'][1]}-gram "
+             f"match offers (at most {b['max_draft']} tokens); rows priced with passes timed on this machine "
+             f"(full step {b['costs']['full_step_ms']:.1f} ms).", "",
+             "| category | clairvoyant τ | bound | lookup measured | hybrid measured |", "|---|---|---|---|---|"]
+    for category, r in b["categories"].items():
+        got = measured.get(category, {})
+        cells = [_x(got[m]["speedup"]) if m in got else "-" for m in ("lookup", "hybrid")]
+        lines.append(f"| {category} | {r['tokens_per_round']:.2f} | {_x(r['speedup_bound'])} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def plots(results: dict, out: Path) -> list[Path]:

@@ -50,6 +50,7 @@ class CategoryResult:
     temperature: float
     category: str
     modes: dict[str, ModeResult] = field(default_factory=dict)
+    prompts: list[list[int]] = field(default_factory=list)
 
     def speedup(self, mode: str) -> float:
         plain = self.modes["plain"].tokens_per_second
@@ -83,7 +84,7 @@ def run_categories(engine: Engine, config: BenchConfig, prompt_set: dict[str, li
     results = []
     for temperature, modes in plans:
         for category, ids in encoded.items():
-            res = CategoryResult(temperature, category)
+            res = CategoryResult(temperature, category, prompts=ids)
             res.modes = run_modes(engine, ids, modes, config.repeats, bar.update if bar else None)
             if temperature == 0:
                 check_identical(res)
@@ -102,6 +103,18 @@ def check_identical(res: CategoryResult) -> None:
                     f"greedy {name} output differs from plain on {res.category} prompt {i}; "
                     f"this breaks exactness, please report it with the bundle's manifest"
                 )
+
+
+def lookup_bound(engine: Engine, categories: list[CategoryResult]) -> dict:
+    """The clairvoyant lookup bound on this run's greedy outputs, priced with passes timed here."""
+    from ..calibration.costs import measure
+    from .bound import copy_bounds
+
+    m = engine.manifest
+    costs = measure(engine.model, m.num_draft_tokens + 1)
+    cases = {c.category: list(zip(c.prompts, c.modes["plain"].outputs)) for c in categories if c.temperature == 0}
+    return {"ngram": list(m.lookup_ngram), "max_draft": m.num_draft_tokens, "costs": costs.to_dict(),
+            "categories": copy_bounds(cases, costs, m.lookup_ngram, m.num_draft_tokens)}
 
 
 def machine_info() -> dict:
@@ -135,6 +148,8 @@ def run(config: BenchConfig) -> dict:
     with Engine(config.bundle) as engine:
         categories = run_categories(engine, config, prompt_set)
         results = summarise(engine.manifest, categories, config)
+        if 0.0 in config.temperatures:
+            results["lookup_bound"] = lookup_bound(engine, categories)
         results["memory"] = memory.compare(config.bundle, config.max_new_tokens)
         if config.sweep:
             from .sweep import sweep
