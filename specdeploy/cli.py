@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from .errors import SpecDeployError
+from .manifest import DEFAULT_LOOKUP_NGRAM
 
 
 class _Group(click.Group):
@@ -55,7 +56,7 @@ def _int_or_auto(value: str, name: str):
 @click.option("--max-context", default=2048, show_default=True, help="KV buffer capacity in tokens.")
 @click.option("--output", "-o", default=Path("engine.plan"), type=click.Path(path_type=Path), show_default=True)
 @click.option("--draft-source", type=click.Choice(["early_exit", "lookup", "hybrid"]), default="early_exit", show_default=True)
-@click.option("--lookup-ngram", nargs=2, type=int, default=(2, 4), show_default=True, metavar="MIN MAX",
+@click.option("--lookup-ngram", nargs=2, type=int, default=DEFAULT_LOOKUP_NGRAM, show_default=True, metavar="MIN MAX",
               help="Suffix lengths lookup drafting matches (longest first), recorded as the default.")
 @click.option("--calibrate/--no-calibrate", default=False, help="Train an exit adapter and tune drafting (needs the export extra).")
 @click.option("--precision", type=click.Choice(["fp32", "fp16", "int8", "fp8"]), default="fp32", show_default=True)
@@ -94,7 +95,7 @@ def export(model, exit_layer, num_draft_tokens, max_context, output, draft_sourc
 @click.option("--output", "-o", default=Path("engine.plan"), type=click.Path(path_type=Path), show_default=True)
 @click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="JSONL of extra calibration prompts: {\"prompt\": ...} or {\"messages\": [...]} per line.")
-@click.option("--lookup-ngram", nargs=2, type=int, default=(2, 4), show_default=True, metavar="MIN MAX",
+@click.option("--lookup-ngram", nargs=2, type=int, default=DEFAULT_LOOKUP_NGRAM, show_default=True, metavar="MIN MAX",
               help="Suffix lengths lookup drafting matches (longest first), recorded as the default.")
 @click.option("--precision", type=click.Choice(["fp32", "fp16", "int8", "fp8"]), default="fp32", show_default=True)
 @click.option("--draft-precision", type=click.Choice(["fp32", "fp16", "int8", "fp8"]), default=None,

@@ -30,6 +30,9 @@ class ModelInfo:
     bos_token_id: int | None = None
 
 
+DEFAULT_LOOKUP_NGRAM = (1, 4)  # also for bundles written before the field existed
+
+
 @dataclass(frozen=True)
 class GraphInfo:
     """One graph of the bundle: file, I/O names, and which layers' KV buffers it binds."""
@@ -56,7 +59,7 @@ class Manifest:
     kv_dtype: str = "float32"
     precision: str = "fp32"
     draft_source: str = "early_exit"
-    lookup_ngram: tuple[int, int] = (2, 4)    # suffix lengths lookup drafting matches, longest first
+    lookup_ngram: tuple[int, int] = DEFAULT_LOOKUP_NGRAM  # suffix lengths lookup matches, longest first
     default_speculative: bool = True           # False when calibration found speculation slower
     tokenizer: str = "tokenizer.json"
     chat_template: str | None = None

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import ConfigError
+from .manifest import DEFAULT_LOOKUP_NGRAM
 
 PRECISIONS = ("fp32", "fp16", "int8", "fp8")
 
@@ -18,7 +19,7 @@ class ExportRequest:
     max_context: int = 2048
     output: Path = Path("engine.plan")
     draft_source: str = "early_exit"
-    lookup_ngram: tuple[int, int] = (2, 4)
+    lookup_ngram: tuple[int, int] = DEFAULT_LOOKUP_NGRAM
     calibrate: bool = False
     precision: str = "fp32"
     validate: bool = True

@@ -12,7 +12,8 @@ from .. import manifest as manifest_io
 from ..config import MAX_DRAFT_TOKENS
 from ..errors import ConfigError
 from ..manifest import GraphInfo, Manifest
-from ..runtime.drafting import DEFAULT_NGRAM, SOURCES, check_ngram
+from ..manifest import DEFAULT_LOOKUP_NGRAM
+from ..runtime.drafting import SOURCES, check_ngram
 
 log = logging.getLogger("specdeploy")
 
@@ -25,7 +26,7 @@ class ExportConfig:
     max_context: int = 2048
     output: Path = Path("engine.plan")
     draft_source: str = "early_exit"
-    lookup_ngram: tuple[int, int] = DEFAULT_NGRAM
+    lookup_ngram: tuple[int, int] = DEFAULT_LOOKUP_NGRAM
     validate: bool = True
     opset: int = 24   # 23: ScatterND instead of TensorScatter, for ONNX Runtime < 1.25 (Python 3.10)
 

@@ -31,9 +31,9 @@ def test_manifest_records_graphs_io_and_kv_layout(tiny_bundle):
     assert m.kv_shape == (1, 2, 128, 16)
     assert (tiny_bundle / m.chat_template).read_text().startswith("{% for")
     assert json.loads((tiny_bundle / "manifest.json").read_text())["schema_version"] == 1
-    assert m.lookup_ngram == (2, 4)
+    assert m.lookup_ngram == (1, 4)
     older = {k: v for k, v in json.loads(m.to_json()).items() if k != "lookup_ngram"}
-    assert manifest_io.from_dict(older).lookup_ngram == (2, 4)  # bundles written before the field
+    assert manifest_io.from_dict(older).lookup_ngram == (1, 4)  # bundles written before the field
 
 
 def test_weights_are_stored_once_across_graphs(tiny_bundle):

@@ -34,9 +34,9 @@ def test_lookup_ngram_range_is_exact_and_changes_what_is_drafted(tiny_engine, ng
     assert spec == plain
     if ngram[0] == 1:  # single tokens of a 96-word vocabulary recur in 64 tokens: drafts happen
         assert stats.drafted > 0
-    _, default = ids(tiny_engine, prompt, max_new_tokens=40, draft_source="lookup")
-    _, loose = ids(tiny_engine, prompt, max_new_tokens=40, draft_source="lookup", lookup_ngram=(1, 4))
-    assert loose.by_source["lookup"][1] > default.by_source.get("lookup", (0, 0))[1]  # drafted tokens
+    _, strict = ids(tiny_engine, prompt, max_new_tokens=40, draft_source="lookup", lookup_ngram=(2, 4))
+    _, loose = ids(tiny_engine, prompt, max_new_tokens=40, draft_source="lookup")  # default (1, 4)
+    assert loose.by_source["lookup"][0] > strict.by_source.get("lookup", (0, 0))[0]  # rounds it drafted
 
 
 def test_early_exit_rounds_draft_and_roll_back(tiny_engine):

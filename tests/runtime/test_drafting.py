@@ -17,10 +17,11 @@ def test_lookup_without_match_is_empty():
     assert find_continuation(np.array([1]), 5, 1, 4).tolist() == []
 
 
-def test_single_token_matches_only_when_the_range_allows_them():
+def test_single_token_matches_copy_one_token_when_the_range_allows_them():
     history = np.array([5, 6, 7, 8, 6])
-    assert find_continuation(history, 2, 2, 4).tolist() == []
-    assert find_continuation(history, 2, 1, 4).tolist() == [7, 8]
+    assert find_continuation(history, 3, 2, 4).tolist() == []
+    assert find_continuation(history, 3, 1, 4).tolist() == [7]
+    assert find_continuation(np.array([5, 6, 7, 8, 5, 6]), 3, 1, 4).tolist() == [7, 8, 5]  # n = 2: up to γ
 
 
 @pytest.mark.parametrize("bad", [(3, 2), (0, 2), (1, 17), (True, 2), ("2", 4), (2,), 4, None])
