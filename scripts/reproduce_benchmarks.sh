@@ -10,6 +10,8 @@ model=models/SmolLM2-135M-Instruct.Q4_1.gguf
 [ -f cal.plan/manifest.json ] || time specdeploy calibrate "$model" --output cal.plan
 specdeploy bench cal.plan --prompts-per-category 4 --repeats 3 --max-tokens 64 --compare --sweep \
     --model "$model" -o docs/bench
+specdeploy bench cal.plan --prompts-per-category 4 --repeats 3 --max-tokens 64 --greedy-only --no-plots \
+    --lookup-ngram 2 4 -o docs/bench/lookup-ngram-2-4                        # classic prompt lookup and its bound
 specdeploy bench engine.plan --quick -o docs/bench/uncalibrated-quick
 for p in int8 fp16 fp8; do
     rm -rf "cal-$p.plan"

@@ -223,10 +223,12 @@ def serve(bundle, host, port, max_queue, model_name, provider, backend):
 @click.option("--sweep-exits", default="", help="Comma-separated exit layers for --sweep.")
 @click.option("--model", "model", type=click.Path(exists=True, path_type=Path), default=None,
               help="The source model (HF directory or .gguf) for --compare / --sweep-exits.")
+@click.option("--lookup-ngram", nargs=2, type=int, default=None, metavar="MIN MAX",
+              help="Lookup n-gram range for the lookup/hybrid runs and the bound (default: the bundle's).")
 @click.option("--output-dir", "-o", type=click.Path(path_type=Path), default=Path("bench-results"), show_default=True)
 @click.option("--no-plots", is_flag=True)
 def bench(bundle, prompts_file, quick, max_tokens, repeats, prompts_per_category, greedy_only, compare, sweep,
-          sweep_exits, model, output_dir, no_plots):
+          sweep_exits, model, lookup_ngram, output_dir, no_plots):
     """Benchmark speculative vs plain decoding on BUNDLE (per category, greedy and T=1)."""
     from .bench.runner import BenchConfig, bench as run_bench
     from .bench.report import markdown
@@ -236,7 +238,8 @@ def bench(bundle, prompts_file, quick, max_tokens, repeats, prompts_per_category
     except ValueError:
         raise click.BadParameter("--sweep-exits must be comma-separated integers") from None
     options = dict(bundle=bundle, prompts_file=prompts_file, compare=compare, sweep=sweep,
-                   sweep_exits=exits, compare_model=model, output_dir=output_dir, plots=not no_plots)
+                   sweep_exits=exits, compare_model=model, output_dir=output_dir, plots=not no_plots,
+                   lookup_ngram=lookup_ngram)
     if greedy_only:
         options["temperatures"] = (0.0,)
     for key, value in (("max_new_tokens", max_tokens), ("repeats", repeats),

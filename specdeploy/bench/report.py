@@ -45,6 +45,7 @@ def summarise(manifest, categories, config) -> dict:
         "bundle": {"model": manifest.model.name, "exit_layer": manifest.exit_layer,
                    "num_layers": manifest.model.num_layers, "num_draft_tokens": manifest.num_draft_tokens,
                    "draft_source": manifest.draft_source, "precision": manifest.precision,
+                   "lookup_ngram": list(config.lookup_ngram or manifest.lookup_ngram),
                    "calibrated": manifest.calibration is not None},
         "settings": {"max_new_tokens": config.max_new_tokens, "repeats": config.repeats,
                      "prompts_per_category": config.prompts_per_category,

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..config import GenerationConfig
 from ..errors import SpecDeployError
+from ..runtime.drafting import check_ngram
 from ..runtime.engine import Engine
 from . import prompts as prompt_sets
 from .timing import ModeResult, run_modes
@@ -33,6 +34,11 @@ class BenchConfig:
     sweep_exits: tuple[int, ...] = ()
     output_dir: Path = Path("bench-results")
     plots: bool = True
+    lookup_ngram: tuple[int, int] | None = None  # None: the bundle's
+
+    def __post_init__(self):
+        if self.lookup_ngram is not None:
+            object.__setattr__(self, "lookup_ngram", check_ngram(self.lookup_ngram))
 
     @classmethod
     def quick(cls, **kw) -> "BenchConfig":
@@ -65,12 +71,13 @@ def _progress(total: int):
     return tqdm(total=total, desc="bench", leave=False)
 
 
-def modes_for(temperature: float, default_source: str, max_new_tokens: int) -> dict[str, GenerationConfig]:
+def modes_for(temperature: float, default_source: str, max_new_tokens: int,
+              lookup_ngram: tuple[int, int] | None = None) -> dict[str, GenerationConfig]:
     base = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=0 if temperature else None)
     modes = {"plain": GenerationConfig(speculative=False, **base)}
     sources = SOURCES if temperature == 0 else (default_source,)
     for source in sources:
-        modes[source] = GenerationConfig(draft_source=source, **base)
+        modes[source] = GenerationConfig(draft_source=source, lookup_ngram=lookup_ngram, **base)
     return modes
 
 
@@ -78,7 +85,8 @@ def run_categories(engine: Engine, config: BenchConfig, prompt_set: dict[str, li
     chat = engine.tokenizer.chat_template is not None
     encoded = {c: [engine.encode_prompt([{"role": "user", "content": p}] if chat else p)
                    for p in ps[: config.prompts_per_category]] for c, ps in prompt_set.items()}
-    plans = [(t, modes_for(t, engine.manifest.draft_source, config.max_new_tokens)) for t in config.temperatures]
+    plans = [(t, modes_for(t, engine.manifest.draft_source, config.max_new_tokens, config.lookup_ngram))
+             for t in config.temperatures]
     total = sum(len(m) * len(ids) * config.repeats for _, m in plans for ids in encoded.values())
     bar = _progress(total)
     results = []
@@ -105,16 +113,17 @@ def check_identical(res: CategoryResult) -> None:
                 )
 
 
-def lookup_bound(engine: Engine, categories: list[CategoryResult]) -> dict:
+def lookup_bound(engine: Engine, categories: list[CategoryResult], ngram: tuple[int, int] | None) -> dict:
     """The clairvoyant lookup bound on this run's greedy outputs, priced with passes timed here."""
     from ..calibration.costs import measure
     from .bound import copy_bounds
 
     m = engine.manifest
+    ngram = ngram or m.lookup_ngram
     costs = measure(engine.model, m.num_draft_tokens + 1)
     cases = {c.category: list(zip(c.prompts, c.modes["plain"].outputs)) for c in categories if c.temperature == 0}
-    return {"ngram": list(m.lookup_ngram), "max_draft": m.num_draft_tokens, "costs": costs.to_dict(),
-            "categories": copy_bounds(cases, costs, m.lookup_ngram, m.num_draft_tokens)}
+    return {"ngram": list(ngram), "max_draft": m.num_draft_tokens, "costs": costs.to_dict(),
+            "categories": copy_bounds(cases, costs, ngram, m.num_draft_tokens)}
 
 
 def machine_info() -> dict:
@@ -149,7 +158,7 @@ def run(config: BenchConfig) -> dict:
         categories = run_categories(engine, config, prompt_set)
         results = summarise(engine.manifest, categories, config)
         if 0.0 in config.temperatures:
-            results["lookup_bound"] = lookup_bound(engine, categories)
+            results["lookup_bound"] = lookup_bound(engine, categories, config.lookup_ngram)
         results["memory"] = memory.compare(config.bundle, config.max_new_tokens)
         if config.sweep:
             from .sweep import sweep

@@ -58,6 +58,21 @@ def test_compare_without_model_says_why(tiny_bundle, tmp_path):
     assert "needs --model" in result.output
 
 
+def test_lookup_ngram_override_reaches_the_runs_and_the_bound(tiny_bundle, tmp_path):
+    args = ["bench", str(tiny_bundle), "--quick", "--greedy-only", "--no-plots", "-o", str(tmp_path),
+            "--prompts", str(_one_prompt(tmp_path))]
+    result = CliRunner().invoke(main, args + ["--lookup-ngram", "3", "5"])
+    assert result.exit_code == 0, result.output
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["bundle"]["lookup_ngram"] == [3, 5] and saved["lookup_bound"]["ngram"] == [3, 5]
+    from specdeploy.bench.runner import modes_for
+
+    modes = modes_for(0.0, "hybrid", 8, (3, 5))
+    assert modes["lookup"].lookup_ngram == modes["hybrid"].lookup_ngram == (3, 5)
+    result = CliRunner().invoke(main, args + ["--lookup-ngram", "5", "3"])
+    assert result.exit_code == 1 and "lookup_ngram=(5, 3)" in result.output and "Traceback" not in result.output
+
+
 def _one_prompt(tmp_path):
     f = tmp_path / "one.jsonl"
     f.write_text(json.dumps({"category": "c", "prompt": "w3 w4"}) + "\n")
