@@ -41,3 +41,10 @@ def test_stage_outputs_reuse_buffers(tiny_bundle):
     a = model.shallow([3], 0)
     b = model.shallow([4], 1)
     assert np.shares_memory(a, b)  # no per-step allocation of outputs
+
+
+def test_pools_spin_inside_a_run_and_stop_after_it():
+    """Spinning without the stop makes alternating sessions fight for the cores (2x slower)."""
+    so = session_options(threads=2)
+    assert so.get_session_config_entry("session.intra_op.allow_spinning") == "1"
+    assert so.get_session_config_entry("session.force_spinning_stop") == "1"
