@@ -116,13 +116,14 @@ def check_identical(res: CategoryResult) -> None:
 def lookup_bound(engine: Engine, categories: list[CategoryResult], ngram: tuple[int, int] | None) -> dict:
     """The clairvoyant lookup bound on this run's greedy outputs, priced with passes timed here."""
     from ..calibration.costs import measure
-    from .bound import copy_bounds
+    from .bound import copy_bounds, pass_cost
 
     m = engine.manifest
     ngram = ngram or m.lookup_ngram
     costs = measure(engine.model, m.num_draft_tokens + 1)
     cases = {c.category: list(zip(c.prompts, c.modes["plain"].outputs)) for c in categories if c.temperature == 0}
-    return {"ngram": list(ngram), "max_draft": m.num_draft_tokens, "costs": costs.to_dict(),
+    passes = {str(r): round(1000 * pass_cost(costs, r), 2) for r in range(1, m.num_draft_tokens + 2)}
+    return {"ngram": list(ngram), "max_draft": m.num_draft_tokens, "costs": costs.to_dict(), "pass_ms": passes,
             "categories": copy_bounds(cases, costs, ngram, m.num_draft_tokens)}
 
 

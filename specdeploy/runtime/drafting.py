@@ -91,8 +91,8 @@ class EarlyExitDrafter:
 def find_continuation(history: np.ndarray, max_tokens: int, ngram_min: int, ngram_max: int) -> np.ndarray:
     """Tokens that followed the most recent earlier match of the longest suffix n-gram (or empty).
 
-    A single-token match is weak evidence: it copies one token. On a CPU every drafted row costs
-    about a tenth of a step, and longer copies after one matching token are mostly rejected.
+    A single-token match is weak evidence: it copies one token. On a CPU a drafted row costs a
+    tenth to a quarter of a step, and longer copies after one matching token are mostly rejected.
     """
     length = len(history)
     for n in range(min(ngram_max, length - 1), ngram_min - 1, -1):
