@@ -1,7 +1,5 @@
 import json
 
-import numpy as np
-
 import pytest
 from click.testing import CliRunner
 
@@ -77,60 +75,3 @@ def _one_prompt(tmp_path):
     f = tmp_path / "one.jsonl"
     f.write_text(json.dumps({"category": "c", "prompt": "w3 w4"}) + "\n")
     return f
-
-
-def test_clairvoyant_copy_takes_a_repeated_passage_in_long_rounds():
-    from specdeploy.bench.bound import best_copy, clairvoyant_rounds
-
-    passage = list(range(10, 40))
-    history = np.array(passage + passage[:3])
-    assert best_copy(history, np.array(passage[3:]), (2, 4), 8) == 8
-    assert best_copy(history, np.array([99] + passage[4:]), (2, 4), 8) == 0
-    rounds = clairvoyant_rounds(passage, passage, (2, 4), 8)
-    assert sum(rounds) + len(rounds) == len(passage) - 1  # every token after the prefill's
-    assert max(rounds) == 8 and len(rounds) <= 6
-
-
-def test_nothing_to_copy_bounds_lookup_at_plain_speed():
-    from specdeploy.bench.bound import bound, clairvoyant_rounds
-
-    rounds = clairvoyant_rounds([1, 2], list(range(3, 30)), (2, 4), 8)
-    assert rounds == [0] * 26
-    result = bound(rounds, _costs())
-    assert result["tokens_per_round"] == 1.0 and result["speedup_bound"] == 1.0
-
-
-def test_bound_prices_rows_with_the_measured_pass_costs():
-    from specdeploy.bench.bound import bound
-
-    # one round of 4 accepted drafts: 5 tokens for one 5-row pass (2.0) vs five 1-row passes (5 x 1.0)
-    assert bound([4], _costs())["speedup_bound"] == 2.5
-
-
-def test_real_lookup_never_takes_fewer_rounds_than_the_bound(tiny_engine):
-    from specdeploy.bench.bound import clairvoyant_rounds
-    from specdeploy.config import GenerationConfig
-    from specdeploy.runtime.stats import GenerationStats
-
-    rng = np.random.default_rng(3)
-    for ngram in ((1, 2), (2, 4)):
-        prompt = [int(t) for t in rng.integers(2, 96, 30)]
-        base = dict(max_new_tokens=48, ignore_eos=True, temperature=0.0)
-        plain = tiny_engine.generate_ids(prompt, GenerationConfig(speculative=False, **base))
-        stats = GenerationStats()
-        tiny_engine.generate_ids(prompt, GenerationConfig(draft_source="lookup", num_draft_tokens=4,
-                                                          lookup_ngram=ngram, **base), stats)
-        best = clairvoyant_rounds(prompt, plain, ngram, 4)
-        assert sum(best) + len(best) == len(plain) - 1
-        assert stats.accepted + stats.rounds == len(plain) - 1  # replay and decoder count alike
-        assert stats.rounds >= len(best)
-        if ngram == (1, 2):
-            assert stats.accepted > 0 and sum(best) > 0  # the comparison is not vacuous
-
-
-def _costs():
-    from specdeploy.calibration.costs import CostModel
-
-    rows = {r: (1.0 + 0.25 * (r - 1)) / 2 for r in range(1, 10)}  # per layer: 2 layers make a pass
-    return CostModel(num_layers=2, shallow_layer_s=0.5, deep_layer_s=rows, head_s={r: 0.0 for r in rows},
-                     draft_head_s=0.0)
