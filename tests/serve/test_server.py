@@ -40,6 +40,19 @@ def test_openai_chat_streaming_ends_with_stats(server):
     assert plain.model_extra["speculative"]["draft_source"] == "plain"
 
 
+def test_lookup_ngram_per_request_keeps_greedy_output(server):
+    prompt = "w3 w4 w5 w3 w4 w5 w3 w4"
+    plain = client(server).completions.create(model="x", prompt=prompt, max_tokens=12, temperature=0,
+                                              extra_body={"speculative": False})
+    for ngram in ([1, 1], [2, 6]):
+        r = client(server).completions.create(model="x", prompt=prompt, max_tokens=12, temperature=0,
+                                              extra_body={"draft_source": "lookup", "lookup_ngram": ngram})
+        assert r.choices[0].text == plain.choices[0].text
+        assert r.model_extra["speculative"]["draft_source"] == "lookup"
+    models = httpx.get(server.url + "/v1/models").json()["data"][0]
+    assert models["lookup_ngram"] == [1, 4]
+
+
 def test_raw_sse_format(server):
     with httpx.stream("POST", server.url + "/v1/completions", json={"prompt": "w3", "max_tokens": 5, "stream": True}) as r:
         lines = [l for l in r.iter_lines() if l]
