@@ -55,7 +55,8 @@ def _int_or_auto(value: str, name: str):
 @click.option("--num-draft-tokens", default="4", show_default=True, help="Draft length γ recorded as the default, or 'auto'.")
 @click.option("--max-context", default=2048, show_default=True, help="KV buffer capacity in tokens.")
 @click.option("--output", "-o", default=Path("engine.plan"), type=click.Path(path_type=Path), show_default=True)
-@click.option("--draft-source", type=click.Choice(["early_exit", "lookup", "hybrid"]), default="early_exit", show_default=True)
+@click.option("--draft-source", type=click.Choice(["early_exit", "lookup", "hybrid"]), default="hybrid", show_default=True,
+              help="Default draft source recorded in the bundle (hybrid: lookup, else the faster of early exit and plain).")
 @click.option("--lookup-ngram", nargs=2, type=int, default=DEFAULT_LOOKUP_NGRAM, show_default=True, metavar="MIN MAX",
               help="Suffix lengths lookup drafting matches (longest first), recorded as the default.")
 @click.option("--calibrate/--no-calibrate", default=False, help="Train an exit adapter and tune drafting (needs the export extra).")

@@ -18,7 +18,7 @@ class ExportRequest:
     num_draft_tokens: int | None    # None: choose by calibration ("auto")
     max_context: int = 2048
     output: Path = Path("engine.plan")
-    draft_source: str = "early_exit"
+    draft_source: str = "hybrid"
     lookup_ngram: tuple[int, int] = DEFAULT_LOOKUP_NGRAM
     calibrate: bool = False
     precision: str = "fp32"

@@ -25,7 +25,7 @@ class ExportConfig:
     num_draft_tokens: int = 4
     max_context: int = 2048
     output: Path = Path("engine.plan")
-    draft_source: str = "early_exit"
+    draft_source: str = "hybrid"
     lookup_ngram: tuple[int, int] = DEFAULT_LOOKUP_NGRAM
     validate: bool = True
     opset: int = 24   # 23: ScatterND instead of TensorScatter, for ONNX Runtime < 1.25 (Python 3.10)

@@ -153,10 +153,12 @@ class RateEstimate:
 class HybridDrafter:
     """Lookup when the context offers a match this round; otherwise early exit or a plain step.
 
-    Whether early exit pays depends on the bundle (calibrated or not) and the text, so the choice
-    between an early-exit round and a plain round is made from their measured tokens per second
-    (a few rounds of each to start, then the faster one, re-checking the other now and then).
-    Every choice is exact; only the speed differs.
+    Whether early exit pays depends on the bundle (calibrated or not) and the text, so at greedy
+    the choice between an early-exit round and a plain round is made from their measured tokens
+    per second (a few rounds of each to start, then the faster one, re-checking the other now and
+    then); greedy output is the same either way. When sampling, the drafts decide which random
+    numbers are drawn, so a timed choice would make a seed give different text from run to run:
+    a round without a lookup match is a plain step.
     """
 
     MIN_ROUNDS, EXPLORE_EVERY = 3, 32
@@ -182,6 +184,6 @@ class HybridDrafter:
         found = self.lookup.draft(history, pending, start, budget, params, rng)
         if found is not None:
             return found
-        if not self._use_early_exit():
+        if not params.greedy or not self._use_early_exit():
             return None  # a plain step
         return self.early_exit.draft(history, pending, start, budget, params, rng)

@@ -39,8 +39,16 @@ def test_lookup_ngram_range_is_exact_and_changes_what_is_drafted(tiny_engine, ng
     assert loose.by_source["lookup"][0] > strict.by_source.get("lookup", (0, 0))[0]  # rounds it drafted
 
 
+def test_seeded_sampling_repeats_whatever_ran_before(tiny_engine):
+    config = GenerationConfig(max_new_tokens=30, temperature=0.9, seed=5, ignore_eos=True, draft_source="hybrid")
+    first = tiny_engine.generate_ids([4, 5, 6], config)
+    for seed in range(3):  # other traffic moves the hybrid's speed estimates
+        tiny_engine.generate_ids([7, 8], GenerationConfig(max_new_tokens=30, draft_source="hybrid", seed=seed))
+    assert tiny_engine.generate_ids([4, 5, 6], config) == first
+
+
 def test_early_exit_rounds_draft_and_roll_back(tiny_engine):
-    _, stats = ids(tiny_engine, [7, 8, 9], max_new_tokens=60, num_draft_tokens=4)
+    _, stats = ids(tiny_engine, [7, 8, 9], max_new_tokens=60, num_draft_tokens=4, draft_source="early_exit")
     assert stats.drafted > 0 and stats.accepted < stats.drafted  # some rejections happened
 
 
@@ -70,5 +78,5 @@ def test_generation_fills_the_context_exactly(tiny_engine):
 def test_sampled_speculative_matches_plain_distribution(tiny_engine):
     """First two sampled tokens over many seeds: speculative and plain agree (chi-square)."""
     plain = histogram(tiny_engine, [10, 11, 12], 600, temperature=1.0, speculative=False)
-    spec = histogram(tiny_engine, [10, 11, 12], 600, temperature=1.0, num_draft_tokens=2)
+    spec = histogram(tiny_engine, [10, 11, 12], 600, temperature=1.0, num_draft_tokens=2, draft_source="early_exit")
     assert homogeneity_chi2(plain, spec) < CHI2_999_10DOF

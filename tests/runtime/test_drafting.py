@@ -2,7 +2,10 @@ import numpy as np
 import pytest
 
 from specdeploy.errors import ConfigError
-from specdeploy.runtime.drafting import check_ngram, find_continuation
+from specdeploy.runtime.drafting import HybridDrafter, check_ngram, find_continuation
+from specdeploy.runtime.sampling import SamplingParams
+
+GREEDY, SAMPLED = SamplingParams(0.0), SamplingParams(1.0)
 
 
 def test_lookup_prefers_longest_most_recent_match():
@@ -45,12 +48,10 @@ class _Marker:
 
 
 def test_hybrid_falls_back_to_the_faster_of_early_exit_and_plain():
-    from specdeploy.runtime.drafting import HybridDrafter
-
     hybrid = HybridDrafter(_Never(), _Marker())
     picks = []
     for _ in range(64):
-        choice = hybrid.draft(None, 0, 0, 4, None, None)
+        choice = hybrid.draft(None, 0, 0, 4, GREEDY, None)
         picks.append(choice)
         if choice == "early":
             hybrid.observe("early_exit", 1, 0.05)  # early exit: 20 tok/s
@@ -62,12 +63,20 @@ def test_hybrid_falls_back_to_the_faster_of_early_exit_and_plain():
 
 
 def test_hybrid_keeps_early_exit_when_it_is_faster():
-    from specdeploy.runtime.drafting import HybridDrafter
-
     hybrid = HybridDrafter(_Never(), _Marker())
     picks = []
     for _ in range(40):
-        choice = hybrid.draft(None, 0, 0, 4, None, None)
+        choice = hybrid.draft(None, 0, 0, 4, GREEDY, None)
         picks.append(choice)
         hybrid.observe("early_exit" if choice == "early" else "plain", 3 if choice == "early" else 1, 0.03)
     assert picks[10:].count("early") > 0.85 * len(picks[10:])
+
+
+def test_hybrid_never_times_its_choice_when_sampling():
+    """A seed must give the same text whatever the machine measured: no early exit when sampling."""
+    hybrid = HybridDrafter(_Never(), _Marker())
+    for _ in range(20):
+        hybrid.observe("early_exit", 5, 0.01)  # early exit looks much faster
+        hybrid.observe("plain", 1, 0.05)
+    assert hybrid.draft(None, 0, 0, 4, GREEDY, None) == "early"
+    assert all(hybrid.draft(None, 0, 0, 4, SAMPLED, None) is None for _ in range(40))

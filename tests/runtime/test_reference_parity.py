@@ -65,7 +65,7 @@ def test_caches_after_rejections_equal_a_plain_run(tiny_bundle):
 def test_sampling_with_top_k_and_top_p_matches_plain_distribution(tiny_engine):
     opts = dict(temperature=1.3, top_k=12, top_p=0.9)
     plain = histogram(tiny_engine, [20, 21, 22], 500, speculative=False, **opts)
-    spec = histogram(tiny_engine, [20, 21, 22], 500, num_draft_tokens=2, **opts)
+    spec = histogram(tiny_engine, [20, 21, 22], 500, num_draft_tokens=2, draft_source="early_exit", **opts)
     assert homogeneity_chi2(plain, spec) < CHI2_999_10DOF
 
 
