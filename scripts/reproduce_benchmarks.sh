@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Re-measure every figure in docs/benchmarks.md on this machine (about 45 minutes on 2 cores).
+# Re-measure every figure in docs/benchmarks.md on this machine (about 50 minutes on 2 cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/specdeploy ] || scripts/setup.sh
