@@ -4,7 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import ConfigError
-from .runtime.drafting import SOURCES, check_ngram
+from .manifest import check_ngram
+from .runtime.drafting import SOURCES
 from .runtime.sampling import SamplingParams
 
 MAX_DRAFT_TOKENS = 16

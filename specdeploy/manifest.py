@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import io_names
-from .errors import BundleError
+from .errors import BundleError, ConfigError
 
 FORMAT = "specdeploy-bundle"
 SCHEMA_VERSION = 1
@@ -31,6 +31,18 @@ class ModelInfo:
 
 
 DEFAULT_LOOKUP_NGRAM = (1, 4)  # also for bundles written before the field existed
+MAX_NGRAM = 16
+
+
+def check_ngram(ngram) -> tuple[int, int]:
+    """A valid (min, max) lookup n-gram range, or ConfigError saying what is wrong."""
+    pair = tuple(ngram) if isinstance(ngram, (tuple, list)) else ()
+    if len(pair) != 2 or not all(isinstance(n, int) and not isinstance(n, bool) for n in pair):
+        raise ConfigError(f"lookup_ngram={ngram!r} must be two integers (min, max), e.g. (2, 4)")
+    low, high = pair
+    if not (1 <= low <= high <= MAX_NGRAM):
+        raise ConfigError(f"lookup_ngram=({low}, {high}) needs 1 <= min <= max <= {MAX_NGRAM}, e.g. (2, 4)")
+    return low, high
 
 
 @dataclass(frozen=True)
@@ -99,10 +111,10 @@ def _graph_from(d: dict) -> GraphInfo:
 
 
 def _ngram(value) -> tuple[int, int]:
-    ok = isinstance(value, list) and len(value) == 2 and all(type(n) is int for n in value)
-    if not ok or not 1 <= value[0] <= value[1]:
-        raise BundleError(f"manifest lookup_ngram={value!r} is invalid; set it to [min, max], e.g. [2, 4]")
-    return tuple(value)
+    try:
+        return check_ngram(value)
+    except ConfigError as exc:
+        raise BundleError(f"manifest.json: {exc}; fix it there or re-export the bundle") from None
 
 
 def from_dict(d: dict) -> Manifest:

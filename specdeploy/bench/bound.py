@@ -46,9 +46,8 @@ def clairvoyant_rounds(prompt: list[int], output: list[int], ngram: tuple[int, i
 
 
 def pass_cost(costs: CostModel, rows: int) -> float:
-    """Seconds of one full-depth pass over `rows` rows (the draft rows, then verify and head)."""
-    rows = min(rows, max(costs.deep_layer_s))
-    return costs.num_layers * costs.deep_layer_s[rows] + costs.head_s[rows]
+    """Seconds of one full-depth pass over `rows` rows: a verify pass that starts at layer 0."""
+    return costs.verify_s(0, rows)
 
 
 def bound(rounds: list[int], costs: CostModel) -> dict:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..config import GenerationConfig
 from ..errors import SpecDeployError
-from ..runtime.drafting import check_ngram
+from ..manifest import check_ngram
 from ..runtime.engine import Engine
 from . import prompts as prompt_sets
 from .timing import ModeResult, run_modes

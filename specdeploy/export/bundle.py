@@ -12,8 +12,8 @@ from .. import manifest as manifest_io
 from ..config import MAX_DRAFT_TOKENS
 from ..errors import ConfigError
 from ..manifest import GraphInfo, Manifest
-from ..manifest import DEFAULT_LOOKUP_NGRAM
-from ..runtime.drafting import SOURCES, check_ngram
+from ..manifest import DEFAULT_LOOKUP_NGRAM, check_ngram
+from ..runtime.drafting import SOURCES
 
 log = logging.getLogger("specdeploy")
 

@@ -10,24 +10,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ConfigError
 from ..manifest import DEFAULT_LOOKUP_NGRAM
 from .sampling import SamplingParams, sample, warp
 from .split_model import SplitModel
 
 SOURCES = ("early_exit", "lookup", "hybrid")
-MAX_NGRAM = 16
-
-
-def check_ngram(ngram) -> tuple[int, int]:
-    """A valid (min, max) lookup n-gram range, or ConfigError saying what is wrong."""
-    pair = tuple(ngram) if isinstance(ngram, (tuple, list)) else ()
-    if len(pair) != 2 or not all(isinstance(n, int) and not isinstance(n, bool) for n in pair):
-        raise ConfigError(f"lookup_ngram={ngram!r} must be two integers (min, max), e.g. (2, 4)")
-    low, high = pair
-    if not (1 <= low <= high <= MAX_NGRAM):
-        raise ConfigError(f"lookup_ngram=({low}, {high}) needs 1 <= min <= max <= {MAX_NGRAM}, e.g. (2, 4)")
-    return low, high
 
 
 @dataclass
@@ -114,11 +101,11 @@ class LookupDrafter:
 
     def __init__(self, model: SplitModel, ngram: tuple[int, int] = DEFAULT_LOOKUP_NGRAM):
         self.model = model
-        self.ngram_min, self.ngram_max = check_ngram(ngram)
+        self.configure(ngram)
 
     def configure(self, ngram: tuple[int, int]) -> None:
-        """The n-gram range of the next generation (longest match first)."""
-        self.ngram_min, self.ngram_max = check_ngram(ngram)
+        """The (validated) n-gram range of the next generation, longest match first."""
+        self.ngram_min, self.ngram_max = ngram
 
     def observe(self, source: str, tokens: int, seconds: float) -> None:
         """Round outcomes, reported by the decoder (unused: lookup is free to propose)."""

@@ -92,7 +92,7 @@ def parse(body, chat: bool, max_context: int, default_max_tokens: int = 256) -> 
             num_draft_tokens=_typed(body, "num_draft_tokens", int, None,
                                     lambda v: 1 <= v <= MAX_DRAFT_TOKENS, f"1..{MAX_DRAFT_TOKENS}"),
             draft_source=_typed(body, "draft_source", str, None, lambda v: v in SOURCES, ", ".join(SOURCES)),
-            lookup_ngram=_typed(body, "lookup_ngram", list, None, lambda v: len(v) == 2, "[min, max], e.g. [2, 4]"),
+            lookup_ngram=_typed(body, "lookup_ngram", list, None, None, "[min, max], e.g. [2, 4]"),
         )
     except RequestError:
         raise

@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 
 from specdeploy.errors import ConfigError
-from specdeploy.runtime.drafting import HybridDrafter, check_ngram, find_continuation
+from specdeploy.manifest import check_ngram
+from specdeploy.runtime.drafting import HybridDrafter, find_continuation
 from specdeploy.runtime.sampling import SamplingParams
 
 GREEDY, SAMPLED = SamplingParams(0.0), SamplingParams(1.0)
@@ -47,28 +48,26 @@ class _Marker:
         return "early"
 
 
-def test_hybrid_falls_back_to_the_faster_of_early_exit_and_plain():
+def _picks(rounds: int, early: tuple[int, float], plain: tuple[int, float]) -> list:
+    """The hybrid's fallback choices when early exit and plain rounds yield (tokens, seconds)."""
     hybrid = HybridDrafter(_Never(), _Marker())
     picks = []
-    for _ in range(64):
+    for _ in range(rounds):
         choice = hybrid.draft(None, 0, 0, 4, GREEDY, None)
         picks.append(choice)
-        if choice == "early":
-            hybrid.observe("early_exit", 1, 0.05)  # early exit: 20 tok/s
-        else:
-            hybrid.observe("plain", 1, 0.02)       # plain: 50 tok/s
+        hybrid.observe(*(("early_exit", *early) if choice == "early" else ("plain", *plain)))
+    return picks
+
+
+def test_hybrid_falls_back_to_the_faster_of_early_exit_and_plain():
+    picks = _picks(64, early=(1, 0.05), plain=(1, 0.02))  # early exit 20 tok/s, plain 50 tok/s
     assert picks[:6].count("early") == 3  # measures both first
     later = picks[10:]
     assert later.count(None) > 0.9 * len(later) and "early" in later  # plain wins, early re-checked
 
 
 def test_hybrid_keeps_early_exit_when_it_is_faster():
-    hybrid = HybridDrafter(_Never(), _Marker())
-    picks = []
-    for _ in range(40):
-        choice = hybrid.draft(None, 0, 0, 4, GREEDY, None)
-        picks.append(choice)
-        hybrid.observe("early_exit" if choice == "early" else "plain", 3 if choice == "early" else 1, 0.03)
+    picks = _picks(40, early=(3, 0.03), plain=(1, 0.03))
     assert picks[10:].count("early") > 0.85 * len(picks[10:])
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ... import io_names
 from ... import manifest as manifest_io
+from ...config import MAX_DRAFT_TOKENS
 from ...errors import BackendError, ConfigError
 from . import import_tensorrt
 from .cuda import Cuda
@@ -29,8 +30,8 @@ class BuildConfig:
     workspace_mb: int = 2048
 
     def __post_init__(self):
-        if not (1 <= self.max_draft_tokens <= 16):
-            raise ConfigError(f"max_draft_tokens={self.max_draft_tokens} must be in 1..16")
+        if not (1 <= self.max_draft_tokens <= MAX_DRAFT_TOKENS):
+            raise ConfigError(f"max_draft_tokens={self.max_draft_tokens} must be in 1..{MAX_DRAFT_TOKENS}")
         if self.max_prompt < 1:
             raise ConfigError(f"max_prompt={self.max_prompt} must be >= 1")
 
