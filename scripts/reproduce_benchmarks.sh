@@ -12,6 +12,7 @@ specdeploy bench cal.plan --prompts-per-category 4 --repeats 3 --max-tokens 64 -
     --model "$model" -o docs/bench
 specdeploy bench cal.plan --prompts-per-category 4 --repeats 3 --max-tokens 64 --greedy-only --no-plots \
     --lookup-ngram 2 4 -o docs/bench/lookup-ngram-2-4                        # classic prompt lookup and its bound
+python scripts/lookup_ngram_ab.py cal.plan                                 # lookup n = 2..4 vs 1..4, one run
 specdeploy bench engine.plan --quick -o docs/bench/uncalibrated-quick
 for p in int8 fp16 fp8; do
     rm -rf "cal-$p.plan"

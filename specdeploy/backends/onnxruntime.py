@@ -28,9 +28,9 @@ def session_options(threads: int | None = None, log_severity: int = 3,
     """Small-batch decode: one pool per session sized to the cores, spinning only inside a run.
 
     A decode pass is hundreds of small ops; a pool that sleeps between them pays a thread wake-up
-    per op (about 15% of a step on 2 cores). Draft, verify and head sessions alternate, so a pool
-    still spinning after its run would fight the next session for the same cores (2× slower):
-    each pool spins while its session runs and stops when the run ends.
+    per op (docs/benchmarks.md: plain decoding 52 → 65 tok/s on 2 cores once pools spin). Draft,
+    verify and head sessions alternate, so a pool still spinning after its run would fight the next
+    session for the same cores: each pool spins while its session runs and stops when the run ends.
     `fold_dequantize` (weight-only int8/fp8 graphs): dequantize the weights once at load instead of
     letting ONNX Runtime fuse them into kernels that quantize activations per call, whose results
     depend on how many rows a call carries and so break greedy identity with plain decoding.
