@@ -15,7 +15,7 @@ import numpy as np
 
 from specdeploy.bench.prompts import PASSAGES
 from specdeploy.config import GenerationConfig
-from specdeploy.quality import teacher_forced_logits
+from specdeploy.quantization.quality import teacher_forced_logits
 from specdeploy.runtime.engine import Engine
 
 PROMPTS = ["Explain why the sky is blue.", f"Summarise in two sentences:\n\n{PASSAGES[0]}"]

@@ -10,7 +10,7 @@ import argparse
 
 from specdeploy import Engine, GenerationConfig
 from specdeploy.bench.prompts import builtin
-from specdeploy.bench.timing import run_modes
+from specdeploy.runtime.timing import run_modes
 
 
 def main() -> None:

@@ -7,8 +7,15 @@ from pathlib import Path
 
 import click
 
+from .constants import (BACKENDS, DEFAULT_BACKEND, DEFAULT_BUNDLE, DEFAULT_DRAFT_SOURCE, DEFAULT_LOOKUP_NGRAM,
+                        DEFAULT_MAX_CONTEXT, DEFAULT_NUM_DRAFT_TOKENS, DEFAULT_OPSET, OPSETS, PRECISIONS, PROVIDERS,
+                        QUANTIZED_PRECISIONS, SOURCES)
 from .errors import SpecDeployError
-from .manifest import DEFAULT_LOOKUP_NGRAM
+
+PRECISION = click.Choice(PRECISIONS)
+SOURCE = click.Choice(SOURCES)
+PROVIDER = click.Choice(PROVIDERS)
+BACKEND = click.Choice(BACKENDS)
 
 
 class _Group(click.Group):
@@ -17,14 +24,21 @@ class _Group(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
-        except SpecDeployError as exc:
+        except (SpecDeployError, OSError) as exc:
             if ctx.obj and ctx.obj.get("debug"):
                 raise
-            click.echo(f"Error: {exc}", err=True)
+            click.echo(f"Error: {_one_line(exc)}", err=True)
             sys.exit(1)
         except KeyboardInterrupt:
             click.echo("Interrupted.", err=True)
             sys.exit(130)
+
+
+def _one_line(exc: Exception) -> str:
+    if isinstance(exc, OSError) and not isinstance(exc, SpecDeployError):
+        where = f" ({exc.filename})" if exc.filename else ""
+        return f"{exc.strerror or exc}{where}; check the path and its permissions"
+    return " ".join(str(exc).split())
 
 
 @click.group(cls=_Group)
@@ -40,6 +54,12 @@ def main(ctx, debug, verbose):
         logging.getLogger(noisy).setLevel(logging.ERROR)
 
 
+def _backend_options(f):
+    f = click.option("--backend", type=BACKEND, default=DEFAULT_BACKEND, show_default=True)(f)
+    return click.option("--provider", type=PROVIDER, default=None,
+                        help="ONNX Runtime execution provider (default cpu); not for --backend tensorrt.")(f)
+
+
 def _int_or_auto(value: str, name: str):
     if value == "auto":
         return None
@@ -49,76 +69,84 @@ def _int_or_auto(value: str, name: str):
         raise click.BadParameter(f"{name} must be an integer or 'auto'") from None
 
 
+def _precision_options(choices=PRECISION, default="fp32"):
+    def decorate(f):
+        f = click.option("--verify-precision", type=PRECISION, default=None,
+                         help="Override for the verify graph and head.")(f)
+        f = click.option("--draft-precision", type=PRECISION, default=None,
+                         help="Override for the draft graph and draft head.")(f)
+        return click.option("--precision", type=choices, default=default, required=default is None,
+                            show_default=default is not None)(f)
+    return decorate
+
+
+def _prompts_option(f):
+    return click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                        help="JSONL of extra calibration prompts: {\"prompt\": ...} or {\"messages\": [...]} per line.")(f)
+
+
+def _ngram_option(default=DEFAULT_LOOKUP_NGRAM, purpose="recorded as the default"):
+    return click.option("--lookup-ngram", nargs=2, type=int, default=default, show_default=default is not None,
+                        metavar="MIN MAX", help=f"Suffix lengths lookup drafting matches (longest first), {purpose}.")
+
+
 @main.command()
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("--exit-layer", required=True, help="Layer k to exit at (1..L-1), or 'auto' (calibrates and picks).")
-@click.option("--num-draft-tokens", default="4", show_default=True, help="Draft length γ recorded as the default, or 'auto'.")
-@click.option("--max-context", default=2048, show_default=True, help="KV buffer capacity in tokens.")
-@click.option("--output", "-o", default=Path("engine.plan"), type=click.Path(path_type=Path), show_default=True)
-@click.option("--draft-source", type=click.Choice(["early_exit", "lookup", "hybrid"]), default="hybrid", show_default=True,
+@click.option("--num-draft-tokens", default=str(DEFAULT_NUM_DRAFT_TOKENS), show_default=True,
+              help="Draft length γ recorded as the default, or 'auto'.")
+@click.option("--max-context", default=DEFAULT_MAX_CONTEXT, show_default=True, help="KV buffer capacity in tokens.")
+@click.option("--output", "-o", default=Path(DEFAULT_BUNDLE), type=click.Path(path_type=Path), show_default=True)
+@click.option("--draft-source", type=SOURCE, default=DEFAULT_DRAFT_SOURCE, show_default=True,
               help="Default draft source recorded in the bundle (hybrid: lookup, else the faster of early exit and plain).")
-@click.option("--lookup-ngram", nargs=2, type=int, default=DEFAULT_LOOKUP_NGRAM, show_default=True, metavar="MIN MAX",
-              help="Suffix lengths lookup drafting matches (longest first), recorded as the default.")
+@_ngram_option()
 @click.option("--calibrate/--no-calibrate", default=False, help="Train an exit adapter and tune drafting (needs the export extra).")
-@click.option("--precision", type=click.Choice(["fp32", "fp16", "int8", "fp8"]), default="fp32", show_default=True)
-@click.option("--draft-precision", type=click.Choice(["fp32", "fp16", "int8", "fp8"]), default=None,
-              help="Override for the draft graph and draft head.")
-@click.option("--verify-precision", type=click.Choice(["fp32", "fp16", "int8", "fp8"]), default=None,
-              help="Override for the verify graph and head.")
-@click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="JSONL of extra calibration prompts (with --calibrate).")
+@_precision_options()
+@_prompts_option
 @click.option("--no-validate", is_flag=True, help="Skip the ONNX Runtime vs PyTorch parity check.")
-@click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]), default="onnxruntime", show_default=True,
+@click.option("--backend", type=BACKEND, default=DEFAULT_BACKEND, show_default=True,
               help="tensorrt: also build TensorRT engines here (needs a GPU and TensorRT).")
-@click.option("--opset", type=click.Choice(["24", "23"]), default="24", show_default=True,
+@click.option("--opset", type=click.Choice([str(o) for o in OPSETS]), default=str(DEFAULT_OPSET), show_default=True,
               help="23: for ONNX Runtime 1.23 (the newest on Python 3.10, e.g. JetPack 6).")
 def export(model, exit_layer, num_draft_tokens, max_context, output, draft_source, lookup_ngram, calibrate, precision,
            draft_precision, verify_precision, prompts_file, no_validate, backend, opset):
     """Split MODEL (Hugging Face directory or .gguf) into a bundle of draft/verify graphs."""
-    from .pipeline import ExportRequest, run_export
+    from .export import ExportConfig, export as run_export
 
-    request = ExportRequest(
+    config = ExportConfig(
         source=model, exit_layer=_int_or_auto(exit_layer, "--exit-layer"),
         num_draft_tokens=_int_or_auto(num_draft_tokens, "--num-draft-tokens"),
         max_context=max_context, output=output, draft_source=draft_source, lookup_ngram=lookup_ngram,
         calibrate=calibrate, precision=precision, validate=not no_validate, prompts_file=prompts_file,
         draft_precision=draft_precision, verify_precision=verify_precision, backend=backend, opset=int(opset),
     )
-    path = run_export(request, echo=click.echo)
-    click.echo(f"bundle written to {path}")
+    click.echo(f"bundle written to {run_export(config, echo=click.echo)}")
 
 
 @main.command()
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("--exit-layer", default="auto", show_default=True, help="Exit layer k, or 'auto' to choose among candidates.")
 @click.option("--num-draft-tokens", default="auto", show_default=True, help="Draft length γ, or 'auto'.")
-@click.option("--max-context", default=2048, show_default=True)
-@click.option("--output", "-o", default=Path("engine.plan"), type=click.Path(path_type=Path), show_default=True)
-@click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="JSONL of extra calibration prompts: {\"prompt\": ...} or {\"messages\": [...]} per line.")
-@click.option("--lookup-ngram", nargs=2, type=int, default=DEFAULT_LOOKUP_NGRAM, show_default=True, metavar="MIN MAX",
-              help="Suffix lengths lookup drafting matches (longest first), recorded as the default.")
-@click.option("--precision", type=click.Choice(["fp32", "fp16", "int8", "fp8"]), default="fp32", show_default=True)
-@click.option("--draft-precision", type=click.Choice(["fp32", "fp16", "int8", "fp8"]), default=None,
-              help="Override for the draft graph and draft head.")
-@click.option("--verify-precision", type=click.Choice(["fp32", "fp16", "int8", "fp8"]), default=None,
-              help="Override for the verify graph and head.")
+@click.option("--max-context", default=DEFAULT_MAX_CONTEXT, show_default=True)
+@click.option("--output", "-o", default=Path(DEFAULT_BUNDLE), type=click.Path(path_type=Path), show_default=True)
+@_prompts_option
+@_ngram_option()
+@_precision_options()
 def calibrate(model, exit_layer, num_draft_tokens, max_context, output, prompts_file, lookup_ngram, precision,
               draft_precision, verify_precision):
     """Calibrate early exit (adapter, draft vocabulary, autotune) and export a bundle.
 
     MODEL is a Hugging Face directory, a .gguf file, or an existing bundle (re-calibrated from the
     model it was exported from)."""
-    from .pipeline import ExportRequest, run_export
+    from .export import ExportConfig, export as run_export
 
-    request = ExportRequest(
+    config = ExportConfig(
         source=model, exit_layer=_int_or_auto(exit_layer, "--exit-layer"),
         num_draft_tokens=_int_or_auto(num_draft_tokens, "--num-draft-tokens"),
         max_context=max_context, output=output, calibrate=True, precision=precision, lookup_ngram=lookup_ngram,
         prompts_file=prompts_file, draft_precision=draft_precision, verify_precision=verify_precision,
     )
-    path = run_export(request, echo=click.echo)
-    click.echo(f"calibrated bundle written to {path}")
+    click.echo(f"calibrated bundle written to {run_export(config, echo=click.echo)}")
 
 
 @main.command()
@@ -134,38 +162,34 @@ def calibrate(model, exit_layer, num_draft_tokens, max_context, output, prompts_
 @click.option("--speculative/--plain", " /--no-speculation", default=None,
               help="Speculative (default, unless the bundle defaults to plain) or plain decoding.")
 @click.option("--num-draft-tokens", type=int, default=None, help="Override the bundle's draft length.")
-@click.option("--draft-source", type=click.Choice(["early_exit", "lookup", "hybrid"]), default=None)
-@click.option("--lookup-ngram", nargs=2, type=int, default=None, metavar="MIN MAX",
-              help="Override the bundle's lookup n-gram range (longest match first).")
+@click.option("--draft-source", type=SOURCE, default=None)
+@_ngram_option(default=None, purpose="overriding the bundle's range")
 @click.option("--chat/--raw", default=True, show_default=True, help="Wrap PROMPT in the chat template.")
-@click.option("--provider", type=click.Choice(["cpu", "cuda", "tensorrt"]), default="cpu", show_default=True)
-@click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]), default="onnxruntime", show_default=True)
+@_backend_options
 def generate(bundle, prompt, max_tokens, temperature, greedy, top_k, top_p, seed, stop, speculative,
              num_draft_tokens, draft_source, lookup_ngram, chat, provider, backend):
-    """Generate text from PROMPT with BUNDLE, streaming it, then print a summary line."""
+    """Generate text from PROMPT with BUNDLE, streaming it to stdout; a summary line goes to stderr."""
     from .config import GenerationConfig
-    from .generate import generate_to
+    from .runtime.console import generate_to
 
     config = GenerationConfig(
         max_new_tokens=max_tokens, temperature=0.0 if greedy else temperature, top_k=top_k, top_p=top_p, seed=seed,
         stop=tuple(stop), speculative=speculative, num_draft_tokens=num_draft_tokens,
         draft_source=draft_source, lookup_ngram=lookup_ngram,
     )
-    generate_to(bundle, prompt, config, lambda s: click.echo(s, nl=False), chat=chat,
-                provider=provider, backend=backend)
+    generate_to(bundle, prompt, config, lambda s: click.echo(s, nl=False),
+                lambda s: click.echo(s, nl=False, err=True), chat=chat, provider=provider, backend=backend)
 
 
 @main.command()
 @click.argument("bundle", type=click.Path(path_type=Path))
-@click.option("--precision", type=click.Choice(["fp16", "int8", "fp8"]), required=True)
-@click.option("--draft-precision", type=click.Choice(["fp32", "fp16", "int8", "fp8"]), default=None)
-@click.option("--verify-precision", type=click.Choice(["fp32", "fp16", "int8", "fp8"]), default=None)
-@click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="JSONL of extra calibration prompts ({\"prompt\": ...} or {\"messages\": [...]}).")
-@click.option("--output", "-o", type=click.Path(path_type=Path), required=True, help="Where to write the quantized bundle.")
+@_precision_options(choices=click.Choice(QUANTIZED_PRECISIONS), default=None)
+@_prompts_option
+@click.option("--output", "-o", type=click.Path(path_type=Path), required=True,
+              help="Where to write the quantized bundle (may be BUNDLE itself: replaced only once whole).")
 def quantize(bundle, precision, draft_precision, verify_precision, prompts_file, output):
     """Write a quantized copy of the fp32 BUNDLE and print its quality report."""
-    from .quantize import quantize as run_quantize
+    from .quantization.quantize import quantize as run_quantize
 
     path = run_quantize(bundle, output, precision, draft_precision, verify_precision, prompts_file, click.echo)
     click.echo(f"quantized bundle written to {path}")
@@ -175,7 +199,7 @@ def quantize(bundle, precision, draft_precision, verify_precision, prompts_file,
 @click.argument("bundle", type=click.Path(path_type=Path))
 def inspect(bundle):
     """Show what BUNDLE holds: model, split, graphs, precision, calibration, engines."""
-    from .inspect import describe
+    from .bundle.describe import describe
 
     click.echo(describe(bundle))
 
@@ -199,8 +223,7 @@ def build_engines_command(bundle, max_draft_tokens, max_prompt, workspace_mb):
 @click.option("--port", default=8000, show_default=True)
 @click.option("--max-queue", default=8, show_default=True, help="Requests that may wait; more get 429.")
 @click.option("--model-name", default=None, help="Model id reported by /v1/models (default: the bundle's).")
-@click.option("--provider", type=click.Choice(["cpu", "cuda", "tensorrt"]), default="cpu", show_default=True)
-@click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]), default="onnxruntime", show_default=True)
+@_backend_options
 def serve(bundle, host, port, max_queue, model_name, provider, backend):
     """Serve BUNDLE over an OpenAI-compatible HTTP API with a playground at /."""
     from .serve.server import ServeConfig, serve as run_server

@@ -1,14 +1,52 @@
-"""Frozen, validated configuration of one generation call."""
+"""Frozen, validated configuration of one generation call and of its sampling."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .constants import MAX_DRAFT_TOKENS, MAX_NGRAM, SOURCES
 from .errors import ConfigError
-from .manifest import check_ngram
-from .runtime.drafting import SOURCES
-from .runtime.sampling import SamplingParams
 
-MAX_DRAFT_TOKENS = 16
+
+def check_ngram(ngram) -> tuple[int, int]:
+    """A valid (min, max) lookup n-gram range, or ConfigError saying what is wrong."""
+    pair = tuple(ngram) if isinstance(ngram, (tuple, list)) else ()
+    if len(pair) != 2 or not all(isinstance(n, int) and not isinstance(n, bool) for n in pair):
+        raise ConfigError(f"lookup_ngram={ngram!r} must be two integers (min, max), e.g. (2, 4)")
+    low, high = pair
+    if not (1 <= low <= high <= MAX_NGRAM):
+        raise ConfigError(f"lookup_ngram=({low}, {high}) needs 1 <= min <= max <= {MAX_NGRAM}, e.g. (2, 4)")
+    return low, high
+
+
+def check_num_draft_tokens(n: int) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or not (1 <= n <= MAX_DRAFT_TOKENS):
+        raise ConfigError(f"num_draft_tokens={n!r} must be an integer in 1..{MAX_DRAFT_TOKENS}")
+    return n
+
+
+def check_source(source: str) -> str:
+    if source not in SOURCES:
+        raise ConfigError(f"draft_source='{source}' is unknown; pick one of {', '.join(SOURCES)}")
+    return source
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0   # 0 means greedy
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def __post_init__(self):
+        if not (0.0 <= self.temperature <= 100.0):
+            raise ConfigError(f"temperature={self.temperature} must be in [0, 100]; use 0 for greedy")
+        if self.top_k is not None and self.top_k < 1:
+            raise ConfigError(f"top_k={self.top_k} must be >= 1 (or unset)")
+        if self.top_p is not None and not (0.0 < self.top_p <= 1.0):
+            raise ConfigError(f"top_p={self.top_p} must be in (0, 1] (or unset)")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
 
 
 @dataclass(frozen=True)
@@ -28,13 +66,10 @@ class GenerationConfig:
     def __post_init__(self):
         if not (1 <= self.max_new_tokens <= 1_000_000):
             raise ConfigError(f"max_new_tokens={self.max_new_tokens} must be a positive integer")
-        n = self.num_draft_tokens
-        if n is not None and not (1 <= n <= MAX_DRAFT_TOKENS):
-            raise ConfigError(f"num_draft_tokens={n} must be in 1..{MAX_DRAFT_TOKENS}")
-        if self.draft_source is not None and self.draft_source not in SOURCES:
-            raise ConfigError(
-                f"draft_source='{self.draft_source}' is unknown; pick one of {', '.join(SOURCES)}"
-            )
+        if self.num_draft_tokens is not None:
+            check_num_draft_tokens(self.num_draft_tokens)
+        if self.draft_source is not None:
+            check_source(self.draft_source)
         if self.lookup_ngram is not None:
             object.__setattr__(self, "lookup_ngram", check_ngram(self.lookup_ngram))
         if isinstance(self.stop, str):

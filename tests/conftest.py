@@ -55,7 +55,7 @@ def save_tiny_model(arch: str, directory: Path, seed: int = 0) -> Path:
 
 
 def export_tiny(arch: str, root: Path, exit_layer: int = 2, **options) -> Path:
-    from specdeploy.export.bundle import ExportConfig, export
+    from specdeploy.export import ExportConfig, export
 
     model_dir = save_tiny_model(arch, root / f"{arch}-model")
     config = ExportConfig(source=model_dir, exit_layer=exit_layer, max_context=128,
@@ -88,7 +88,7 @@ def example_bundle(tmp_path_factory) -> Path:
     """The real example model (SmolLM2-135M-Instruct) exported at exit layer 8."""
     if not EXAMPLE_GGUF.is_file():
         pytest.skip(f"example model not fetched ({EXAMPLE_GGUF}); run scripts/fetch_model.sh")
-    from specdeploy.export.bundle import ExportConfig, export
+    from specdeploy.export import ExportConfig, export
 
     prebuilt = os.environ.get("SPECDEPLOY_EXAMPLE_BUNDLE")
     if prebuilt and (Path(prebuilt) / "manifest.json").is_file():

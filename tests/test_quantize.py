@@ -3,10 +3,10 @@ import numpy as np
 import onnx
 import pytest
 
-from specdeploy import manifest as manifest_io
+from specdeploy.bundle import manifest as manifest_io
 from specdeploy.config import GenerationConfig
 from specdeploy.errors import ConfigError
-from specdeploy.quantize import graph_precisions, quantize
+from specdeploy.quantization.quantize import graph_precisions, quantize
 from specdeploy.runtime.engine import Engine
 
 

@@ -11,16 +11,14 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from .. import io_names
+from ..bundle import io_names
+from ..bundle.manifest import GraphInfo, Manifest
+from ..constants import PROVIDERS
 from ..errors import BackendError, ConfigError
-from ..manifest import GraphInfo, Manifest
 from .base import OutputBuffers
 
-PROVIDERS = {
-    "cpu": "CPUExecutionProvider",
-    "cuda": "CUDAExecutionProvider",
-    "tensorrt": "TensorrtExecutionProvider",
-}
+EXECUTION_PROVIDERS = dict(zip(PROVIDERS, ("CPUExecutionProvider", "CUDAExecutionProvider",
+                                           "TensorrtExecutionProvider")))
 
 
 def session_options(threads: int | None = None, log_severity: int = 3,
@@ -50,9 +48,9 @@ def session_options(threads: int | None = None, log_severity: int = 3,
 
 
 def providers_for(provider: str) -> list[str]:
-    if provider not in PROVIDERS:
+    if provider not in EXECUTION_PROVIDERS:
         raise ConfigError(f"unknown provider '{provider}'; pick one of {', '.join(PROVIDERS)}")
-    wanted = PROVIDERS[provider]
+    wanted = EXECUTION_PROVIDERS[provider]
     if wanted not in ort.get_available_providers():
         raise BackendError(
             f"ONNX Runtime here has no {wanted}; install onnxruntime-gpu (in place of onnxruntime) "
@@ -127,9 +125,10 @@ def check_opset(manifest: Manifest, version: str = ort.__version__) -> None:
         )
 
 
-def load_stages(bundle: Path, manifest: Manifest, provider: str = "cpu", threads: int | None = None,
+def load_stages(bundle: Path, manifest: Manifest, provider: str | None = None, threads: int | None = None,
                 log_severity: int = 3) -> dict[str, OrtStage]:
     check_opset(manifest)
+    provider = provider or "cpu"
     providers = providers_for(provider)
     options = provider_options(provider, bundle) or None
     device = "cpu" if provider == "cpu" else "cuda"

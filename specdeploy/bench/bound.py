@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..calibration.costs import CostModel
+from ..runtime.costs import CostModel
 
 
-def best_copy(history: np.ndarray, future: np.ndarray, ngram: tuple[int, int], max_draft: int) -> int:
+def best_copy(history: np.ndarray, future: np.ndarray, ngram: tuple[int, int], num_draft_tokens: int) -> int:
     """Longest prefix of `future` that any earlier occurrence of a suffix n-gram of `history` continues."""
     best, length = 0, len(history)
-    limit = min(max_draft, len(future))
+    limit = min(num_draft_tokens, len(future))
     for n in range(ngram[0], min(ngram[1], length - 1) + 1):
         windows = np.lib.stride_tricks.sliding_window_view(history[: length - 1], n)  # [N-n, n]
         for hit in np.flatnonzero((windows == history[length - n :]).all(axis=1)):
@@ -29,17 +29,17 @@ def best_copy(history: np.ndarray, future: np.ndarray, ngram: tuple[int, int], m
     return best
 
 
-def clairvoyant_rounds(prompt: list[int], output: list[int], ngram: tuple[int, int], max_draft: int) -> list[int]:
+def clairvoyant_rounds(prompt: list[int], output: list[int], ngram: tuple[int, int], num_draft_tokens: int) -> list[int]:
     """Accepted drafts per round when every round copies the best continuation, exactly as long as it holds.
 
     As in decoding, the first output token comes from the prefill and each round adds its accepted
-    drafts plus one verified token, drafting at most `max_draft` and never past the output's end.
+    drafts plus one verified token, drafting at most `num_draft_tokens` and never past the output's end.
     """
     tokens = np.asarray(list(prompt) + list(output), np.int64)
     start, position, rounds = len(prompt), 1, []
     while position < len(output):
-        budget = min(max_draft, len(output) - position - 1)
-        accepted = best_copy(tokens[: start + position], tokens[start + position :], ngram, budget)
+        room = min(num_draft_tokens, len(output) - position - 1)
+        accepted = best_copy(tokens[: start + position], tokens[start + position :], ngram, room)
         rounds.append(accepted)
         position += accepted + 1
     return rounds
@@ -60,11 +60,11 @@ def bound(rounds: list[int], costs: CostModel) -> dict:
 
 
 def copy_bounds(cases: dict[str, list[tuple[list[int], list[int]]]], costs: CostModel,
-                ngram: tuple[int, int], max_draft: int) -> dict:
+                ngram: tuple[int, int], num_draft_tokens: int) -> dict:
     """Per category and overall: the clairvoyant lookup bound over (prompt ids, plain output) pairs."""
     out, everything = {}, []
     for category, pairs in cases.items():
-        rounds = [r for prompt, output in pairs if output for r in clairvoyant_rounds(prompt, output, ngram, max_draft)]
+        rounds = [r for prompt, output in pairs if output for r in clairvoyant_rounds(prompt, output, ngram, num_draft_tokens)]
         everything += rounds
         if rounds:
             out[category] = bound(rounds, costs)

@@ -11,7 +11,7 @@ import sys
 
 from ..config import GenerationConfig
 from ..runtime.engine import Engine
-from .prompts import BUILTIN
+from ..prompts import BENCH_PROMPTS
 
 
 def _peak_mb() -> float:
@@ -23,7 +23,7 @@ def measure_here(bundle: str, mode: str, max_new_tokens: int) -> dict:
         loaded = _peak_mb()
         chat = engine.tokenizer.chat_template is not None
         for category in ("chat", "summarisation"):
-            prompt = BUILTIN[category][0]
+            prompt = BENCH_PROMPTS[category][0]
             ids = engine.encode_prompt([{"role": "user", "content": prompt}] if chat else prompt)
             ids = ids[: engine.manifest.max_context - max_new_tokens]
             engine.generate_ids(ids, GenerationConfig(max_new_tokens=max_new_tokens,

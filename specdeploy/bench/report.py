@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .timing import ModeResult
+from ..runtime.timing import ModeResult
 
 
 def _mode_dict(mode: ModeResult, plain: ModeResult) -> dict:
@@ -111,7 +111,7 @@ def _bound_lines(results: dict) -> list[str]:
     measured = {**greedy, "overall": results["overall"].get("0.0", {})}
     lines = ["## lookup bound (greedy): the most any copy drafter could reach on these outputs", "",
              f"Every round drafts exactly the longest continuation any earlier {b['ngram'][0]}..{b['ngram'][1]}-gram "
-             f"match offers (at most {b['max_draft']} tokens); rounds priced with passes timed on this machine "
+             f"match offers (at most {b['num_draft_tokens']} tokens); rounds priced with passes timed on this machine "
              f"(ms over 1, 2, … rows: {' / '.join(f'{v:.1f}' for v in b['pass_ms'].values())}).", "",
              "| category | clairvoyant τ | bound | lookup measured | hybrid measured |", "|---|---|---|---|---|"]
     for category, r in b["categories"].items():

@@ -9,14 +9,12 @@ import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import GenerationConfig
+from .. import prompts as prompt_sets
+from ..config import GenerationConfig, check_ngram
+from ..constants import SOURCES, VERSION
 from ..errors import SpecDeployError
-from ..manifest import check_ngram
 from ..runtime.engine import Engine
-from . import prompts as prompt_sets
-from .timing import ModeResult, run_modes
-
-SOURCES = ("early_exit", "lookup", "hybrid")
+from ..runtime.timing import ModeResult, run_modes
 
 
 @dataclass(frozen=True)
@@ -115,7 +113,7 @@ def check_identical(res: CategoryResult) -> None:
 
 def lookup_bound(engine: Engine, categories: list[CategoryResult], ngram: tuple[int, int] | None) -> dict:
     """The clairvoyant lookup bound on this run's greedy outputs, priced with passes timed here."""
-    from ..calibration.costs import measure
+    from ..runtime.costs import measure
     from .bound import copy_bounds, pass_cost
 
     m = engine.manifest
@@ -123,7 +121,7 @@ def lookup_bound(engine: Engine, categories: list[CategoryResult], ngram: tuple[
     costs = measure(engine.model, m.num_draft_tokens + 1)
     cases = {c.category: list(zip(c.prompts, c.modes["plain"].outputs)) for c in categories if c.temperature == 0}
     passes = {str(r): round(1000 * pass_cost(costs, r), 2) for r in range(1, m.num_draft_tokens + 2)}
-    return {"ngram": list(ngram), "max_draft": m.num_draft_tokens, "costs": costs.to_dict(), "pass_ms": passes,
+    return {"ngram": list(ngram), "num_draft_tokens": m.num_draft_tokens, "costs": costs.to_dict(), "pass_ms": passes,
             "categories": copy_bounds(cases, costs, ngram, m.num_draft_tokens)}
 
 
@@ -131,12 +129,10 @@ def machine_info() -> dict:
     import numpy
     import onnxruntime
 
-    import specdeploy
-
     info = {"machine": platform.machine(), "processor": platform.processor() or platform.machine(),
             "system": platform.platform(), "python": platform.python_version(),
             "cpu_count": __import__("os").cpu_count(),
-            "packages": {"specdeploy": specdeploy.__version__, "onnxruntime": onnxruntime.__version__,
+            "packages": {"specdeploy": VERSION, "onnxruntime": onnxruntime.__version__,
                          "numpy": numpy.__version__}}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -152,7 +148,7 @@ def run(config: BenchConfig) -> dict:
     """Run everything the config asks for; returns the JSON-ready results."""
     from .report import summarise
 
-    prompt_set = prompt_sets.load(config.prompts_file) if config.prompts_file else prompt_sets.builtin()
+    prompt_set = prompt_sets.load_bench_prompts(config.prompts_file) if config.prompts_file else prompt_sets.bench_prompts()
     from . import memory
 
     with Engine(config.bundle) as engine:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..config import GenerationConfig
 from ..runtime.engine import Engine
-from .timing import run_modes
+from ..runtime.timing import run_modes
 
 
 def expected_tokens_per_round(alpha: float, gamma: int) -> float:
@@ -20,7 +20,7 @@ def expected_tokens_per_round(alpha: float, gamma: int) -> float:
 
 
 def _grid_for(engine: Engine, ids, gammas, config, calibrated: bool) -> list[dict]:
-    from ..calibration.costs import measure
+    from ..runtime.costs import measure
 
     costs = measure(engine.model, max_rows=2, repeats=7)
     k = engine.manifest.exit_layer
@@ -57,15 +57,16 @@ def sweep(engine: Engine, config, prompt_set: dict[str, list[str]]) -> dict:
 
 
 def _other_exits(config, exits, ids, max_context) -> list[dict]:
+    from ..export import ExportConfig
     from ..export.arch import load
-    from ..export.bundle import ExportConfig, export
+    from ..export.writer import write_bundle
 
-    loaded = load(config.compare_model)
+    model, tokenizer = load(config.compare_model)
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for k in exits:
-            out = export(ExportConfig(source=config.compare_model, exit_layer=k, max_context=max_context,
-                                      output=Path(tmp) / f"k{k}", validate=False), loaded=loaded)
-            with Engine(out) as engine:
+    for k in exits:
+        with tempfile.TemporaryDirectory() as tmp:
+            write_bundle(model, tokenizer, ExportConfig(source=config.compare_model, exit_layer=k,
+                                                        max_context=max_context, validate=False), Path(tmp))
+            with Engine(tmp) as engine:
                 rows += _grid_for(engine, ids, config.sweep_gammas, config, calibrated=False)
     return rows

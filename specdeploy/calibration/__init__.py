@@ -1,1 +1,5 @@
-"""Calibration: exit adapter, draft vocabulary, confidence threshold and autotuning (export extra)."""
+"""Calibration steps (export extra): data, exit adapters, draft vocabulary, autotune, measured defaults.
+
+Each step is a function the export pipeline calls (export/calibrate.py); nothing here exports or
+installs a bundle.
+"""

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .costs import CostModel
+from ..runtime.costs import CostModel
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import UnsupportedModelError, require
-from ..manifest import ModelInfo
+from ..bundle.manifest import ModelInfo
 
 SUPPORTED = {
     "llama": "Llama / SmolLM",

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import torch
 
-from .. import io_names
+from ..bundle import io_names
+from ..constants import DEFAULT_OPSET
 from .split import DraftModule, HeadModule, VerifyModule
 
-OPSET = 24
-OPSETS = (23, 24)
+OPSET = DEFAULT_OPSET
 
 
 def sample_kv(model, layers: range, max_context: int) -> list[torch.Tensor]:

@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 import transformers
 
+from ..constants import DEFAULT_OPSET
+
 ATTN_IMPLEMENTATION = "specdeploy"
 
 
@@ -35,7 +37,7 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
 transformers.AttentionInterface.register(ATTN_IMPLEMENTATION, _attention)
 
 
-EXPORT_OPSET = {"value": 24}  # set by the exporter: 24 (TensorScatter) or 23 (ScatterND)
+EXPORT_OPSET = {"value": DEFAULT_OPSET}  # set by the exporter: 24 (TensorScatter) or 23 (ScatterND)
 
 
 def _scatter_nd_indices(buffer, rows: int, write_index):

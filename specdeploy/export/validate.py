@@ -18,20 +18,20 @@ LOGITS_ATOL = {"fp32": 1e-3, "fp16": 5e-2, "int8": None, "fp8": None}
 def _schedule(model: SplitModel, prompt: list[int], drafts: list[int]) -> list[tuple[str, np.ndarray]]:
     out = []
     p = len(prompt)
-    h = model.shallow(prompt, 0).copy()
+    h = model.draft_pass(prompt, 0).copy()
     out.append(("prefill.draft_hidden", h))
-    final = model.deep(h, 0)
+    final = model.verify_pass(h, 0)
     out.append(("prefill.logits", model.logits(final[-1:]).copy()))
     rows = []
     for i, token in enumerate(drafts):
-        row = model.shallow([token], p + i).copy()
+        row = model.draft_pass([token], p + i).copy()
         rows.append(row[0])
         out.append((f"draft{i}.logits", model.draft_logits(row).copy()))
-    final = model.deep(np.stack(rows), p)
+    final = model.verify_pass(np.stack(rows), p)
     out.append(("verify.logits", model.logits(final).copy()))
     # rollback: keep one draft, redo the rest with other tokens over the stale rows
-    redo = model.shallow(drafts[::-1][:2], p + 1).copy()
-    final = model.deep(redo, p + 1)
+    redo = model.draft_pass(drafts[::-1][:2], p + 1).copy()
+    final = model.verify_pass(redo, p + 1)
     out.append(("rollback.logits", model.logits(final).copy()))
     return out
 
@@ -56,3 +56,16 @@ def compare(exported: SplitModel, reference: SplitModel, precision: str = "fp32"
             + "); this is a bug in the exporter for this model, please report it with the model config"
         )
     return diffs
+
+
+def validate_bundle(model, bundle, manifest, adapter=None, vocab_ids=None) -> dict[str, float]:
+    """The bundle's graphs in ONNX Runtime against the PyTorch reference over one schedule."""
+    from ..backends import load_stages
+    from .reference import reference_stages
+
+    exported = SplitModel(manifest, load_stages(bundle, manifest))
+    reference = SplitModel(manifest, reference_stages(model, manifest, adapter, vocab_ids))
+    try:
+        return compare(exported, reference, manifest.precision)
+    finally:
+        exported.close()

@@ -12,11 +12,13 @@ from typing import Iterator
 
 import numpy as np
 
-from ..config import MAX_DRAFT_TOKENS, GenerationConfig
+from ..config import GenerationConfig, SamplingParams
+from ..constants import PLAIN
 from ..errors import ConfigError, ContextLengthError
 from .acceptance import accept_greedy, accept_sampled
 from .drafting import Draft, EarlyExitDrafter, HybridDrafter, LookupDrafter
-from .sampling import SamplingParams, sample, warp
+from .sampling import sample, warp
+from .settings import DecodeSettings, resolve
 from .split_model import SplitModel
 from .stats import GenerationStats
 
@@ -34,25 +36,38 @@ class Decoder:
     def __init__(self, model: SplitModel, vocab_ids: np.ndarray | None = None,
                  confidence_threshold: float | None = None):
         self.model = model
-        manifest = model.manifest
-        self.default_draft_tokens = manifest.num_draft_tokens
-        self.default_source = manifest.draft_source
-        self.default_ngram = manifest.lookup_ngram
-        self.default_speculative = manifest.default_speculative
-        self.eos = set(manifest.model.eos_token_ids)
-        early = EarlyExitDrafter(model, vocab_ids, confidence_threshold, MAX_DRAFT_TOKENS)
-        self.lookup = lookup = LookupDrafter(model, self.default_ngram)
+        self.eos = set(model.manifest.model.eos_token_ids)
+        early = EarlyExitDrafter(model, vocab_ids, confidence_threshold)
+        lookup = LookupDrafter(model)
         self.drafters = {"early_exit": early, "lookup": lookup, "hybrid": HybridDrafter(lookup, early)}
         self.history = np.zeros(model.max_context + 1, np.int64)  # prompt + committed + pending
 
-    def check_fits(self, prompt_len: int, max_new_tokens: int) -> None:
+    def settings(self, config: GenerationConfig) -> DecodeSettings:
+        return resolve(config, self.model.manifest)
+
+    def check_fits(self, prompt_len: int, config: GenerationConfig) -> None:
+        """Refuse, before any work, a generation the bundle's buffers or engines cannot hold."""
         if prompt_len == 0:
             raise ConfigError("the prompt is empty; pass at least one token of text")
-        if prompt_len + max_new_tokens > self.model.max_context:
+        if prompt_len + config.max_new_tokens > self.model.max_context:
             raise ContextLengthError(
-                f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+                f"prompt ({prompt_len} tokens) + max_new_tokens ({config.max_new_tokens}) exceeds the "
                 f"bundle's max context {self.model.max_context}; shorten the prompt, lower "
                 f"max_new_tokens, or re-export with a larger --max-context"
+            )
+        if prompt_len > self.model.max_rows:
+            raise ContextLengthError(
+                f"the prompt ({prompt_len} tokens) is longer than the {self.model.max_rows} rows this "
+                f"backend's engines were built for; shorten it or rebuild them with "
+                f"'specdeploy build-engines BUNDLE --max-prompt {prompt_len}'"
+            )
+        settings = self.settings(config)
+        if settings.speculative and settings.num_draft_tokens + 1 > self.model.max_rows:
+            raise ConfigError(
+                f"num_draft_tokens={settings.num_draft_tokens} needs {settings.num_draft_tokens + 1} rows per "
+                f"verify pass, more than the {self.model.max_rows} the engines were built for; lower it or "
+                f"rebuild them with 'specdeploy build-engines BUNDLE --max-draft-tokens "
+                f"{settings.num_draft_tokens}'"
             )
 
     def _next(self, logits: np.ndarray, params: SamplingParams, rng) -> int:
@@ -65,18 +80,15 @@ class Decoder:
                  stats: GenerationStats | None = None) -> Iterator[Emitted]:
         """Yield committed tokens step by step; stops at EOS (not yielded) or max_new_tokens."""
         stats = stats if stats is not None else GenerationStats()
-        self.check_fits(len(prompt), config.max_new_tokens)
-        params, rng = config.sampling, np.random.default_rng(config.seed)
-        gamma = config.num_draft_tokens or self.default_draft_tokens
-        drafter = self.drafters[config.draft_source or self.default_source]
-        self.lookup.configure(config.lookup_ngram or self.default_ngram)
-        speculative = self.default_speculative if config.speculative is None else config.speculative
+        self.check_fits(len(prompt), config)
+        settings, rng = self.settings(config), np.random.default_rng(config.seed)
+        drafter = self.drafters[settings.draft_source]
         stats.prompt_tokens = len(prompt)
         began = time.perf_counter()
         valid = len(prompt)
         self.history[:valid] = prompt
-        hidden = self.model.deep(self.model.shallow(prompt, 0), 0)  # [P, H]
-        pending = self._next(self.model.logits(hidden[-1:])[0], params, rng)
+        hidden = self.model.verify_pass(self.model.draft_pass(prompt, 0), 0)  # [P, H]
+        pending = self._next(self.model.logits(hidden[-1:])[0], settings.sampling, rng)
         stats.prefill_s = stats.first_token_s = time.perf_counter() - began
         produced, started = 0, time.perf_counter()
         step = Emitted((pending,), (False,), "prefill")
@@ -90,8 +102,9 @@ class Decoder:
             if len(keep.tokens) < len(step.tokens) or produced >= config.max_new_tokens:
                 return
             self.history[valid] = pending
-            budget = min(gamma, config.max_new_tokens - produced - 1) if speculative else 0
-            step, valid, pending = self._round(valid, pending, budget, drafter, params, rng, stats)
+            room = config.max_new_tokens - produced - 1  # never draft past max_new_tokens
+            drafts = min(settings.num_draft_tokens, room) if settings.speculative else 0
+            step, valid, pending = self._round(valid, pending, drafts, drafter, settings, rng, stats)
 
     def _trim(self, step: Emitted, config: GenerationConfig, produced: int) -> Emitted:
         """Cut a step at the first EOS (dropped) and at max_new_tokens."""
@@ -103,15 +116,17 @@ class Decoder:
                     break
         return Emitted(step.tokens[:n], step.drafted[:n], step.source)
 
-    def _round(self, valid: int, pending: int, budget: int, drafter, params, rng, stats):
+    def _round(self, valid: int, pending: int, num_draft_tokens: int, drafter, settings: DecodeSettings,
+               rng, stats):
         """One round from `pending` at row `valid`: returns (emitted, new valid, new pending)."""
         history = self.history[: valid + 1]
+        params = settings.sampling
         began = time.perf_counter()
-        draft = drafter.draft(history, pending, valid, budget, params, rng) if budget > 0 else None
-        if draft is None:  # plain step: speculation off, no budget left, or nothing to look up
-            draft = Draft([], None, self.model.shallow([pending], valid), "plain")
+        draft = drafter.draft(history, pending, valid, num_draft_tokens, settings, rng) if num_draft_tokens else None
+        if draft is None:  # plain step: speculation off, no room left, or nothing to look up
+            draft = Draft([], None, self.model.draft_pass([pending], valid), PLAIN)
         drafted = time.perf_counter()
-        final = self.model.deep(draft.hidden, valid)       # [m+1, H]
+        final = self.model.verify_pass(draft.hidden, valid)  # [m+1, H]
         target_logits = self.model.logits(final)           # [m+1, V]
         stats.draft_s += drafted - began
         stats.verify_s += time.perf_counter() - drafted

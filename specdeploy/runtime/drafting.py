@@ -2,7 +2,7 @@
 
 Every source returns the same `Draft`: the proposed tokens, their draft distributions (None for a
 deterministic proposal), and the h_k rows of the pending token and every drafted token, whose
-shallow KV rows are written as a side effect. The verify pass then starts from those rows.
+draft-layer KV rows are written as a side effect. The verify pass then starts from those rows.
 """
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..manifest import DEFAULT_LOOKUP_NGRAM
-from .sampling import SamplingParams, sample, warp
+from ..config import SamplingParams
+from ..constants import MAX_DRAFT_TOKENS
+from .sampling import sample, warp
+from .settings import DecodeSettings
 from .split_model import SplitModel
-
-SOURCES = ("early_exit", "lookup", "hybrid")
 
 
 @dataclass
@@ -28,12 +28,11 @@ class Draft:
 class EarlyExitDrafter:
     """Draft token by token through the draft graph and the (calibrated) draft head."""
 
-    def __init__(self, model: SplitModel, vocab_ids: np.ndarray | None, threshold: float | None,
-                 max_draft: int = 16):
+    def __init__(self, model: SplitModel, vocab_ids: np.ndarray | None, threshold: float | None):
         self.model, self.vocab_ids, self.threshold = model, vocab_ids, threshold
         hidden, vocab = model.manifest.model.hidden_size, model.manifest.model.vocab_size
-        self.hidden = np.zeros((max_draft + 1, hidden), model.manifest.kv_dtype)  # [γmax+1, H]
-        self.probs = np.zeros((max_draft, vocab), np.float64)        # [γmax, V]
+        self.hidden = np.zeros((MAX_DRAFT_TOKENS + 1, hidden), model.manifest.kv_dtype)  # [γmax+1, H]
+        self.probs = np.zeros((MAX_DRAFT_TOKENS, vocab), np.float64)                     # [γmax, V]
 
     def _pick(self, logits: np.ndarray, params: SamplingParams, rng, row: int) -> tuple[int, float]:
         """(token id in the full vocabulary, draft top probability) from draft logits [V']."""
@@ -57,11 +56,12 @@ class EarlyExitDrafter:
     def _full_id(self, index: int) -> int:
         return index if self.vocab_ids is None else int(self.vocab_ids[index])
 
-    def draft(self, history, pending: int, start: int, budget: int, params, rng) -> Draft:
+    def draft(self, history, pending: int, start: int, num_draft_tokens: int, settings: DecodeSettings,
+              rng) -> Draft:
         tokens: list[int] = []
-        token = pending
-        for i in range(budget):
-            h = self.model.shallow([token], start + i)  # [1, H]
+        token, params = pending, settings.sampling
+        for i in range(num_draft_tokens):
+            h = self.model.draft_pass([token], start + i)  # [1, H]
             self.hidden[i] = h[0]
             candidate, confidence = self._pick(self.model.draft_logits(h)[0], params, rng, i)
             if self.threshold is not None and confidence < self.threshold:
@@ -69,13 +69,13 @@ class EarlyExitDrafter:
             tokens.append(candidate)
             token = candidate
         else:  # every draft kept: the last one still needs its h_k row (no logits)
-            self.hidden[budget] = self.model.shallow([token], start + budget)[0]
+            self.hidden[num_draft_tokens] = self.model.draft_pass([token], start + num_draft_tokens)[0]
         m = len(tokens)
         probs = None if params.greedy else self.probs[:m]
         return Draft(tokens, probs, self.hidden[: m + 1], "early_exit")
 
 
-def find_continuation(history: np.ndarray, max_tokens: int, ngram_min: int, ngram_max: int) -> np.ndarray:
+def find_continuation(history: np.ndarray, num_draft_tokens: int, ngram_min: int, ngram_max: int) -> np.ndarray:
     """Tokens that followed the most recent earlier match of the longest suffix n-gram (or empty).
 
     A single-token match is weak evidence: it copies one token. On a CPU a drafted row costs a
@@ -88,7 +88,7 @@ def find_continuation(history: np.ndarray, max_tokens: int, ngram_min: int, ngra
         hits = np.flatnonzero((windows == pattern).all(axis=1))
         if len(hits):
             begin = int(hits[-1]) + n
-            return history[begin : begin + (max_tokens if n > 1 else min(max_tokens, 1))]
+            return history[begin : begin + (num_draft_tokens if n > 1 else min(num_draft_tokens, 1))]
     return history[:0]
 
 
@@ -96,28 +96,25 @@ class LookupDrafter:
     """Copy the continuation of an earlier occurrence of the last n tokens (prompt lookup).
 
     The copied tokens are a deterministic proposal; one batched draft-graph call writes their
-    shallow KV rows and returns the h_k rows the verify pass needs.
+    draft-layer KV rows and returns the h_k rows the verify pass needs. The n-gram range comes with
+    each call's settings: a drafter shared by many requests holds no per-request state.
     """
 
-    def __init__(self, model: SplitModel, ngram: tuple[int, int] = DEFAULT_LOOKUP_NGRAM):
+    def __init__(self, model: SplitModel):
         self.model = model
-        self.configure(ngram)
-
-    def configure(self, ngram: tuple[int, int]) -> None:
-        """The (validated) n-gram range of the next generation, longest match first."""
-        self.ngram_min, self.ngram_max = ngram
 
     def observe(self, source: str, tokens: int, seconds: float) -> None:
         """Round outcomes, reported by the decoder (unused: lookup is free to propose)."""
 
-    def draft(self, history, pending: int, start: int, budget: int, params, rng) -> Draft | None:
-        if budget == 0:
+    def draft(self, history, pending: int, start: int, num_draft_tokens: int, settings: DecodeSettings,
+              rng) -> Draft | None:
+        if num_draft_tokens == 0:
             return None
-        continuation = find_continuation(history, budget, self.ngram_min, self.ngram_max)
+        continuation = find_continuation(history, num_draft_tokens, *settings.lookup_ngram)
         if len(continuation) == 0:
             return None
         tokens = [int(t) for t in continuation]
-        hidden = self.model.shallow([pending, *tokens], start)  # [m+1, H]
+        hidden = self.model.draft_pass([pending, *tokens], start)  # [m+1, H]
         return Draft(tokens, None, hidden, "lookup")
 
 
@@ -167,10 +164,10 @@ class HybridDrafter:
         faster = early.rate >= plain.rate
         return faster != (self.fallbacks % self.EXPLORE_EVERY == 0)
 
-    def draft(self, history, pending, start, budget, params, rng) -> Draft | None:
-        found = self.lookup.draft(history, pending, start, budget, params, rng)
+    def draft(self, history, pending, start, num_draft_tokens, settings: DecodeSettings, rng) -> Draft | None:
+        found = self.lookup.draft(history, pending, start, num_draft_tokens, settings, rng)
         if found is not None:
             return found
-        if not params.greedy or not self._use_early_exit():
+        if not settings.sampling.greedy or not self._use_early_exit():
             return None  # a plain step
-        return self.early_exit.draft(history, pending, start, budget, params, rng)
+        return self.early_exit.draft(history, pending, start, num_draft_tokens, settings, rng)

@@ -1,4 +1,8 @@
-"""The embeddable runtime: load a bundle, then generate or stream text."""
+"""The embeddable runtime: `Engine` opens one bundle (a directory) and generates or streams text.
+
+"Engine" here is the Python object over a bundle on any backend; TensorRT's serialized engines
+inside a bundle are files named `<graph>.trt` (see backends/tensorrt).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -7,11 +11,13 @@ from typing import Iterator
 
 import numpy as np
 
-from .. import manifest as manifest_io
 from ..backends import load_stages
+from ..bundle import manifest as manifest_io
 from ..config import GenerationConfig
+from ..constants import DEFAULT_BACKEND
 from ..errors import ConfigError
 from .decoder import Decoder
+from .settings import DecodeSettings
 from .split_model import SplitModel
 from .stats import GenerationStats
 from .tokenizer import StreamDecoder, Tokenizer
@@ -35,8 +41,9 @@ class Result:
 
 
 class Engine:
-    def __init__(self, bundle: Path, backend: str = "onnxruntime", provider: str = "cpu",
+    def __init__(self, bundle: Path, backend: str = DEFAULT_BACKEND, provider: str | None = None,
                  threads: int | None = None):
+        """`provider` (ONNX Runtime only): cpu (default), cuda or tensorrt; `threads`: intra-op threads."""
         self.bundle = Path(bundle)
         self.manifest = manifest_io.read(self.bundle)
         m = self.manifest
@@ -65,7 +72,11 @@ class Engine:
 
     def check_fits(self, ids: list[int], config: GenerationConfig) -> None:
         """Raise ContextLengthError/ConfigError now, before any work is queued."""
-        self.decoder.check_fits(len(ids), config.max_new_tokens)
+        self.decoder.check_fits(len(ids), config)
+
+    def settings(self, config: GenerationConfig) -> DecodeSettings:
+        """What `config` resolves to on this bundle (speculative or not, source, γ, n-gram range)."""
+        return self.decoder.settings(config)
 
     def stream_ids(self, ids: list[int], config: GenerationConfig,
                    stats: GenerationStats | None = None) -> Iterator[Piece]:

@@ -5,30 +5,9 @@ exactness guarantee holds for the warped target distribution.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from ..errors import ConfigError
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 0.0   # 0 means greedy
-    top_k: int | None = None
-    top_p: float | None = None
-
-    def __post_init__(self):
-        if not (0.0 <= self.temperature <= 100.0):
-            raise ConfigError(f"temperature={self.temperature} must be in [0, 100]; use 0 for greedy")
-        if self.top_k is not None and self.top_k < 1:
-            raise ConfigError(f"top_k={self.top_k} must be >= 1 (or unset)")
-        if self.top_p is not None and not (0.0 < self.top_p <= 1.0):
-            raise ConfigError(f"top_p={self.top_p} must be in (0, 1] (or unset)")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
+from ..config import SamplingParams
 
 
 def warp(logits: np.ndarray, params: SamplingParams) -> np.ndarray:

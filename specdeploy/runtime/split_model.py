@@ -1,4 +1,4 @@
-"""The split model as the decoding loop sees it: shallow rows, deep rows, and logits.
+"""The split model as the decoding loop sees it: draft passes, verify passes, and logits.
 
 It owns the positional feeds (positions, write index, attention mask) as preallocated arrays, so a
 decode step builds its inputs from views and allocates nothing. It never knows the backend.
@@ -7,19 +7,23 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import io_names
+from ..bundle import io_names
 from ..errors import ContextLengthError
-from ..manifest import Manifest
+from ..bundle.manifest import Manifest
 
 
 class SplitModel:
     def __init__(self, manifest: Manifest, stages: dict):
         self.manifest, self.stages = manifest, stages
         self.max_context = manifest.max_context
-        self.draft = stages[io_names.DRAFT]
-        self.verify = stages[io_names.VERIFY]
-        self.head = stages[io_names.HEAD]
-        self.draft_head = stages.get(io_names.DRAFT_HEAD, self.head)
+        self.draft_stage = stages[io_names.DRAFT]
+        self.verify_stage = stages[io_names.VERIFY]
+        self.head_stage = stages[io_names.HEAD]
+        self.draft_head_stage = stages.get(io_names.DRAFT_HEAD, self.head_stage)
+        # rows one pass may carry: the context, or less where a backend was built for fewer
+        # (TensorRT profiles); checked before a generation starts
+        limits = [getattr(stage, "max_rows", None) for stage in stages.values()]
+        self.max_rows = min([n for n in limits if n] or [self.max_context])
         self._positions = np.arange(self.max_context, dtype=np.int64)[None, :]  # [1, N]
         self._ones = np.ones((1, self.max_context), dtype=np.int64)            # [1, N]
         self._write_index = np.zeros(1, dtype=np.int64)                        # [1]
@@ -38,26 +42,26 @@ class SplitModel:
             io_names.ATTENTION_MASK: self._ones[:, : start + rows],
         }
 
-    def shallow(self, tokens, start: int) -> np.ndarray:
+    def draft_pass(self, tokens, start: int) -> np.ndarray:
         """Draft graph over `tokens` written at rows [start, start+S): returns h_k [S, H]."""
         rows = len(tokens)
         ids = self._ids[:, :rows]
         ids[0, :] = tokens
         feeds = {io_names.INPUT_IDS: ids, **self._positional(start, rows)}
-        return self.draft.run(feeds)[io_names.HIDDEN_OUT][0]
+        return self.draft_stage.run(feeds)[io_names.HIDDEN_OUT][0]
 
-    def deep(self, hidden: np.ndarray, start: int) -> np.ndarray:
+    def verify_pass(self, hidden: np.ndarray, start: int) -> np.ndarray:
         """Verify graph over h_k rows [S, H] at rows [start, start+S): final hidden [S, H]."""
         feeds = {io_names.HIDDEN_IN: hidden[None], **self._positional(start, hidden.shape[0])}
-        return self.verify.run(feeds)[io_names.HIDDEN_OUT][0]
+        return self.verify_stage.run(feeds)[io_names.HIDDEN_OUT][0]
 
     def logits(self, hidden: np.ndarray) -> np.ndarray:
         """Full-vocabulary logits [N, V] of final hidden rows [N, H]."""
-        return self.head.run({io_names.HIDDEN_IN: hidden[None]})[io_names.LOGITS][0]
+        return self.head_stage.run({io_names.HIDDEN_IN: hidden[None]})[io_names.LOGITS][0]
 
     def draft_logits(self, hidden: np.ndarray) -> np.ndarray:
         """Draft logits [N, V'] of h_k rows [N, H] (exit adapter and draft vocabulary applied)."""
-        return self.draft_head.run({io_names.HIDDEN_IN: hidden[None]})[io_names.LOGITS][0]
+        return self.draft_head_stage.run({io_names.HIDDEN_IN: hidden[None]})[io_names.LOGITS][0]
 
     def close(self) -> None:
         for stage in self.stages.values():

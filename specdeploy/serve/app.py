@@ -43,18 +43,15 @@ def speculative_fields(stats, source: str) -> dict:
 class Server:
     def __init__(self, engine, model_name: str, max_queue: int = 8):
         self.engine, self.model_name = engine, model_name
-        self.worker = Worker(engine, max_queue)
         self.metrics = Metrics()
+        self.worker = Worker(engine, max_queue, on_finish=lambda job: self.metrics.generation(job.stats))
 
     def _usage(self, stats) -> dict:
         return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated_tokens,
                 "total_tokens": stats.prompt_tokens + stats.generated_tokens}
 
     def _source(self, req: Request) -> str:
-        speculative = req.config.speculative
-        if not (self.engine.manifest.default_speculative if speculative is None else speculative):
-            return "plain"
-        return req.config.draft_source or self.engine.manifest.draft_source
+        return self.engine.settings(req.config).label
 
     async def _parse(self, http: HttpRequest, chat: bool) -> tuple[Request, list[int]]:
         try:
@@ -118,7 +115,6 @@ class Server:
             text = "".join([p.text async for p in self._pieces(job)])
         except Exception as exc:
             return error(500, f"generation failed: {exc}", "server_error")
-        self.metrics.generation(job.stats)
         finish = job.stats.finish_reason
         if req.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
@@ -153,7 +149,6 @@ class Server:
             yield sse({"error": {"message": f"generation failed: {exc}", "type": "server_error"}})
             yield "data: [DONE]\n\n"
             return
-        self.metrics.generation(job.stats)
         last = self._chunk(req, meta, None, finish=job.stats.finish_reason)
         last.update(usage=self._usage(job.stats), **speculative_fields(job.stats, self._source(req)))
         yield sse(last)

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import MAX_DRAFT_TOKENS, GenerationConfig
+from ..config import GenerationConfig
+from ..constants import MAX_DRAFT_TOKENS, SOURCES
 from ..errors import ConfigError
-from ..runtime.drafting import SOURCES
 
 UNSUPPORTED = ("logprobs", "top_logprobs", "best_of", "echo", "suffix", "tools", "tool_choice",
                "functions", "function_call", "logit_bias", "response_format", "n_probs")
@@ -93,6 +93,7 @@ def parse(body, chat: bool, max_context: int, default_max_tokens: int = 256) -> 
                                     lambda v: 1 <= v <= MAX_DRAFT_TOKENS, f"1..{MAX_DRAFT_TOKENS}"),
             draft_source=_typed(body, "draft_source", str, None, lambda v: v in SOURCES, ", ".join(SOURCES)),
             lookup_ngram=_typed(body, "lookup_ngram", list, None, None, "[min, max], e.g. [2, 4]"),
+            ignore_eos=_typed(body, "ignore_eos", bool, False, None, "true or false"),
         )
     except RequestError:
         raise

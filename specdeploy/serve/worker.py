@@ -9,6 +9,7 @@ import asyncio
 import queue
 import threading
 from dataclasses import dataclass, field
+from typing import Callable
 
 from ..config import GenerationConfig
 from ..runtime.stats import GenerationStats
@@ -32,8 +33,11 @@ DONE = object()
 
 
 class Worker:
-    def __init__(self, engine, max_queue: int = 8):
-        self.engine = engine
+    """`on_finish(job)` runs for every job taken off the queue (done, cancelled or failed), before the
+    request sees its end, so metrics are current when the response arrives."""
+
+    def __init__(self, engine, max_queue: int = 8, on_finish: Callable[[Job], None] = lambda job: None):
+        self.engine, self.on_finish = engine, on_finish
         self.jobs: queue.Queue = queue.Queue(maxsize=max_queue)
         self.busy = False
         self.current: Job | None = None
@@ -74,18 +78,24 @@ class Worker:
             job = self.jobs.get()
             if job is None:
                 return
-            if job.cancel.is_set():
-                self._send(job, DONE)
-                continue
             self.busy, self.current = True, job
             try:
+                self._decode(job)
+            finally:
+                self.busy, self.current = False, None
+
+    def _decode(self, job: Job) -> None:
+        end = DONE
+        try:
+            if job.cancel.is_set():  # its client left while it waited
+                job.stats.finish_reason = "cancelled"
+            else:
                 for piece in self.engine.stream_ids(job.ids, job.config, job.stats):
                     if job.cancel.is_set():
                         job.stats.finish_reason = "cancelled"
                         break
                     self._send(job, piece)
-                self._send(job, DONE)
-            except Exception as exc:  # reported to the request, never kills the thread
-                self._send(job, exc)
-            finally:
-                self.busy, self.current = False, None
+        except Exception as exc:  # reported to the request, never kills the thread
+            job.stats.finish_reason, end = "error", exc
+        self.on_finish(job)
+        self._send(job, end)

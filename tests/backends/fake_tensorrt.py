@@ -34,6 +34,7 @@ class FakeCudart(types.ModuleType):
     def __init__(self, capability=(8, 7)):
         super().__init__("cuda.bindings.runtime")
         self.capability, self.memory, self.freed = capability, {}, []
+        self.streams, self.destroyed_streams = [], []
 
     def cudaGetDeviceCount(self):
         return self.cudaError_t.cudaSuccess, 1
@@ -51,7 +52,12 @@ class FakeCudart(types.ModuleType):
         return (self.cudaError_t.cudaSuccess,)
 
     def cudaStreamCreateWithFlags(self, flags):
-        return self.cudaError_t.cudaSuccess, 7
+        self.streams.append(7 + len(self.streams))
+        return self.cudaError_t.cudaSuccess, self.streams[-1]
+
+    def cudaStreamDestroy(self, stream):
+        self.destroyed_streams.append(stream)
+        return (self.cudaError_t.cudaSuccess,)
 
     def cudaMemsetAsync(self, ptr, value, size, stream):
         ctypes.memset(ptr, value, size)
@@ -211,6 +217,9 @@ class Engine:
 
 
 class Context:
+    fail_runs = False   # tests set this to make execute_async_v3 report a failure, as TensorRT can
+    executed = 0        # calls of execute_async_v3, over all contexts
+
     def __init__(self, engine):
         self.engine, self.profile, self.shapes, self.addresses = engine, 0, {}, {}
 
@@ -246,6 +255,9 @@ class Context:
         return np.frombuffer(raw, dtype).reshape(shape)
 
     def execute_async_v3(self, stream):
+        Context.executed += 1
+        if Context.fail_runs:
+            return False
         feeds = {}
         for name, (mode, _, shape) in self.engine.io.items():
             if name not in self.addresses:

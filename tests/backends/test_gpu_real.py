@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from specdeploy.config import GenerationConfig
-from specdeploy.quality import teacher_forced_logits
+from specdeploy.quantization.quality import teacher_forced_logits
 from specdeploy.runtime.engine import Engine
 
 

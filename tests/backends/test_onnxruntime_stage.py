@@ -2,8 +2,8 @@
 import numpy as np
 import onnxruntime as ort
 
-from specdeploy import io_names
-from specdeploy import manifest as manifest_io
+from specdeploy.bundle import io_names
+from specdeploy.bundle import manifest as manifest_io
 from specdeploy.backends.onnxruntime import load_stages, session_options
 from specdeploy.runtime.split_model import SplitModel
 
@@ -14,8 +14,8 @@ def test_aliased_kv_buffers_are_written_in_place(tiny_bundle, capfd):
     m = manifest_io.read(tiny_bundle)
     stages = load_stages(tiny_bundle, m, log_severity=1)
     model = SplitModel(m, stages)
-    model.deep(model.shallow([3, 4, 5], 0), 0)
-    model.deep(model.shallow([6], 3), 3)
+    model.verify_pass(model.draft_pass([3, 4, 5], 0), 0)
+    model.verify_pass(model.draft_pass([6], 3), 3)
     key0 = stages["draft"].kv_buffer("past_key.0")  # numpy view of the bound buffer
     assert np.abs(key0[0, :, :4]).sum() > 0 and np.abs(key0[0, :, 4:]).sum() == 0
     assert COPY_WARNING not in capfd.readouterr().err
@@ -38,8 +38,8 @@ def test_unaliased_binding_copies_the_cache(tiny_bundle, capfd):
 def test_stage_outputs_reuse_buffers(tiny_bundle):
     m = manifest_io.read(tiny_bundle)
     model = SplitModel(m, load_stages(tiny_bundle, m))
-    a = model.shallow([3], 0)
-    b = model.shallow([4], 1)
+    a = model.draft_pass([3], 0)
+    b = model.draft_pass([4], 1)
     assert np.shares_memory(a, b)  # no per-step allocation of outputs
 
 

@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 
 import fake_tensorrt
-from specdeploy import manifest as manifest_io
+from specdeploy.bundle import manifest as manifest_io
 from specdeploy.backends.tensorrt.build import BuildConfig, build_engines, profiles
 from specdeploy.config import GenerationConfig
-from specdeploy.errors import BundleError, ConfigError, MissingDependencyError
+from specdeploy.errors import BackendError, BundleError, ConfigError, ContextLengthError, MissingDependencyError
+from specdeploy.quantization.quality import teacher_forced_logits
 from specdeploy.runtime.engine import Engine
 
 
@@ -21,10 +22,18 @@ def trt_bundle(tiny_bundle, tmp_path, monkeypatch):
     return bundle
 
 
+@pytest.fixture
+def cudart(trt_bundle):
+    import sys
+
+    return sys.modules["cuda.bindings.runtime"]
+
+
 def test_engines_are_recorded_with_version_and_gpu(trt_bundle):
     record = manifest_io.read(trt_bundle).tensorrt
     assert record["version"] == "10.3.0" and record["compute_capability"] == "8.7"
-    assert len(record["engines"]["draft"]["profiles"]) == 2 and len(record["engines"]["head"]["profiles"]) == 1
+    assert all(len(e["profiles"]) == 2 for e in record["engines"].values())  # decode + prefill, heads too
+    assert record["engines"]["verify"]["file"] == "verify.trt"
     assert (trt_bundle / record["engines"]["verify"]["file"]).is_file()
     assert fake_tensorrt.Builder.created_flags[-1] == 1 << 1  # TensorRT 10: STRONGLY_TYPED requested
 
@@ -48,10 +57,48 @@ def test_kv_outputs_share_the_input_address(trt_bundle):
             assert ctx.addresses["present_value.1"] == ctx.addresses["past_value.1"]
 
 
-def test_prompt_beyond_prefill_profile_is_a_clear_error(trt_bundle):
+def test_prompt_beyond_prefill_profile_is_refused_before_any_work(trt_bundle):
     with Engine(trt_bundle, backend="tensorrt") as engine:
-        with pytest.raises(BundleError, match="--max-prompt"):
+        before = fake_tensorrt.Context.executed
+        with pytest.raises(ContextLengthError, match="--max-prompt 80"):
             engine.generate_ids(list(range(2, 82)), GenerationConfig(max_new_tokens=4))
+        assert fake_tensorrt.Context.executed == before
+
+
+def test_head_runs_teacher_forced_prompts_and_drafts_beyond_the_decode_profile(trt_bundle):
+    """The head has a prefill profile: logits over a whole prompt, and γ above --max-draft-tokens."""
+    prompt = [int(t) for t in np.random.default_rng(3).integers(2, 96, 40)]
+    with Engine(trt_bundle) as ort_engine:
+        expected = teacher_forced_logits(ort_engine, prompt)
+        plain = ort_engine.generate_ids(prompt, GenerationConfig(max_new_tokens=20, speculative=False, ignore_eos=True))
+    with Engine(trt_bundle, backend="tensorrt") as engine:
+        assert np.abs(teacher_forced_logits(engine, prompt) - expected).max() < 1e-4
+        spec = engine.generate_ids(prompt, GenerationConfig(max_new_tokens=20, num_draft_tokens=10,
+                                                            draft_source="early_exit", ignore_eos=True))
+        assert spec == plain
+
+
+def test_close_frees_every_device_buffer_and_the_stream(trt_bundle, cudart):
+    engine = Engine(trt_bundle, backend="tensorrt")
+    allocated = set(cudart.memory)
+    assert allocated and not cudart.freed
+    engine.close()
+    assert set(cudart.freed) == allocated and len(cudart.freed) == len(allocated)  # each once
+    assert cudart.destroyed_streams == cudart.streams[-1:]
+
+
+def test_run_failures_are_backend_errors(trt_bundle, monkeypatch):
+    with Engine(trt_bundle, backend="tensorrt") as engine:
+        monkeypatch.setattr(fake_tensorrt.Context, "fail_runs", True)
+        with pytest.raises(BackendError, match="failed to run"):
+            engine.generate_ids([3, 4, 5], GenerationConfig(max_new_tokens=4))
+
+
+def test_onnxruntime_settings_are_refused_not_ignored(trt_bundle):
+    with pytest.raises(ConfigError, match="--provider cpu is an ONNX Runtime setting"):
+        Engine(trt_bundle, backend="tensorrt", provider="cpu")
+    with pytest.raises(ConfigError, match="threads"):
+        Engine(trt_bundle, backend="tensorrt", threads=2)
 
 
 def test_engines_from_another_tensorrt_or_gpu_are_refused(trt_bundle, monkeypatch):

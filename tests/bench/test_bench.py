@@ -3,15 +3,15 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from specdeploy.bench import prompts
+from specdeploy import prompts
 from specdeploy.bench.runner import BenchConfig, CategoryResult, GreedyMismatch, bench, check_identical
 from specdeploy.bench.sweep import expected_tokens_per_round
-from specdeploy.bench.timing import ModeResult
+from specdeploy.runtime.timing import ModeResult
 from specdeploy.cli import main
 
 
 def test_builtin_prompt_set_has_seven_categories_of_eight():
-    p = prompts.builtin()
+    p = prompts.bench_prompts()
     assert set(p) == {"chat", "code", "summarisation", "rewriting", "reasoning", "qa", "translation"}
     assert all(len(v) >= 8 for v in p.values())
 

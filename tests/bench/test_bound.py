@@ -2,7 +2,7 @@
 import numpy as np
 
 from specdeploy.bench.bound import best_copy, bound, clairvoyant_rounds
-from specdeploy.calibration.costs import CostModel
+from specdeploy.runtime.costs import CostModel
 from specdeploy.config import GenerationConfig
 from specdeploy.runtime.stats import GenerationStats
 
@@ -48,5 +48,5 @@ def test_real_lookup_never_takes_fewer_rounds_than_the_bound(tiny_engine):
 
 def _costs():
     rows = {r: (1.0 + 0.25 * (r - 1)) / 2 for r in range(1, 10)}  # per layer: 2 layers make a pass
-    return CostModel(num_layers=2, shallow_layer_s=0.5, deep_layer_s=rows, head_s={r: 0.0 for r in rows},
+    return CostModel(num_layers=2, layer_step_s=0.5, layer_rows_s=rows, head_s={r: 0.0 for r in rows},
                      draft_head_s=0.0)

@@ -4,12 +4,13 @@ import json
 import numpy as np
 import pytest
 
-from specdeploy import manifest as manifest_io
-from specdeploy.calibration import autotune, prompts
-from specdeploy.calibration.pipeline import CalibrationConfig, calibrate_export, candidate_exits
+from specdeploy.bundle import manifest as manifest_io
+from specdeploy import prompts
+from specdeploy.calibration import autotune
+from specdeploy.calibration.steps import CalibrationConfig, candidate_exits
 from specdeploy.config import GenerationConfig
 from specdeploy.errors import ConfigError
-from specdeploy.pipeline import ExportRequest
+from specdeploy.export import ExportConfig, export
 from specdeploy.runtime.engine import Engine
 from specdeploy.runtime.stats import GenerationStats
 
@@ -22,9 +23,9 @@ def calibrated(tiny_model_dir, tmp_path_factory, monkeypatch_module):
     out = tmp_path_factory.mktemp("cal") / "bundle"
     monkeypatch_module.setenv("SPECDEPLOY_CACHE", str(out.parent / "cache"))
     lines = []
-    request = ExportRequest(source=tiny_model_dir, exit_layer=None, num_draft_tokens=None,
-                            max_context=128, output=out)
-    calibrate_export(request, lines.append, SMALL)
+    config = ExportConfig(source=tiny_model_dir, exit_layer=None, num_draft_tokens=None,
+                          max_context=128, output=out)
+    export(config, lines.append, SMALL)
     return out, lines
 
 
@@ -67,10 +68,9 @@ def test_draft_vocabulary_restricts_draft_tokens(calibrated):
         vocab = set(np.load(bundle / engine.manifest.draft_vocab).tolist())
         drafter = engine.decoder.drafters["early_exit"]
         engine.generate_ids([3, 4, 5], GenerationConfig(max_new_tokens=4, ignore_eos=True))
-        from specdeploy.runtime.sampling import SamplingParams
-
         rng = np.random.default_rng(0)
-        draft = drafter.draft(None, 7, 10, 3, SamplingParams(1.0), rng)
+        settings = engine.settings(GenerationConfig(temperature=1.0))
+        draft = drafter.draft(None, 7, 10, 3, settings, rng)
         assert set(draft.tokens) <= vocab
         assert np.allclose(draft.probs.sum(1), 1.0)
         outside = sorted(set(range(96)) - vocab)
@@ -96,15 +96,15 @@ def test_candidate_exits_spread_over_lower_half():
 def test_user_prompt_file(tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text(json.dumps({"prompt": "hi"}) + "\n" + json.dumps({"messages": [{"role": "user", "content": "x"}]}) + "\n")
-    assert prompts.load_user_prompts(f) == [[{"role": "user", "content": "hi"}], [{"role": "user", "content": "x"}]]
+    assert prompts.load_calibration_prompts(f) == [[{"role": "user", "content": "hi"}], [{"role": "user", "content": "x"}]]
     f.write_text("{not json}\n")
     with pytest.raises(ConfigError, match="p.jsonl:1"):
-        prompts.load_user_prompts(f)
+        prompts.load_calibration_prompts(f)
 
 
 def test_held_out_task_kinds_are_disjoint():
-    train = {c[0]["content"] for c in prompts.builtin(False)}
-    held = {c[0]["content"] for c in prompts.builtin(True)}
+    train = {c[0]["content"] for c in prompts.calibration_conversations(False)}
+    held = {c[0]["content"] for c in prompts.calibration_conversations(True)}
     assert train and held and not train & held
 
 
@@ -143,14 +143,14 @@ def test_adapter_training_raises_exit_agreement(tiny_model_dir):
 
 
 def test_defaults_fall_back_to_plain_when_speculation_loses():
-    from specdeploy.calibration.pipeline import decide_defaults
+    from specdeploy.calibration.steps import decide_defaults
 
     assert decide_defaults({"early_exit/4": 0.8, "hybrid/4": 0.95}) == ("hybrid", 4, False)
     assert decide_defaults({"early_exit/3": 1.2, "hybrid/3": 1.1}) == ("early_exit", 3, True)
 
 
 def test_autotune_prefers_short_drafts_when_acceptance_is_low():
-    from specdeploy.calibration.costs import CostModel
+    from specdeploy.runtime.costs import CostModel
 
     costs = CostModel(4, 1.0, {r: 1.0 for r in range(1, 10)}, {r: 1.0 for r in range(1, 10)}, 1.0)
     rng = np.random.default_rng(0)
@@ -164,13 +164,13 @@ def test_empty_prompt_file_is_a_clear_error(tmp_path):
     f = tmp_path / "empty.jsonl"
     f.write_text("\n")
     with pytest.raises(ConfigError, match="holds no prompts"):
-        prompts.load_user_prompts(f)
+        prompts.load_calibration_prompts(f)
 
 
 def test_recalibrating_a_bundle_uses_its_recorded_source(tiny_bundle, tmp_path):
-    from specdeploy.calibration.pipeline import resolve_source
+    from specdeploy.export.pipeline import resolve_source
 
-    request = ExportRequest(source=tiny_bundle, exit_layer=None, num_draft_tokens=None, output=tmp_path / "x")
+    request = ExportConfig(source=tiny_bundle, exit_layer=None, num_draft_tokens=None, output=tmp_path / "x")
     assert resolve_source(request).source == (tiny_bundle.parent / "llama-model").resolve()
     orphan = tmp_path / "orphan"
     import shutil
@@ -179,4 +179,4 @@ def test_recalibrating_a_bundle_uses_its_recorded_source(tiny_bundle, tmp_path):
     m = manifest_io.read(orphan)
     manifest_io.write(orphan, m.replace(extra={}))
     with pytest.raises(ConfigError, match="source model"):
-        resolve_source(ExportRequest(source=orphan, exit_layer=None, num_draft_tokens=None))
+        resolve_source(ExportConfig(source=orphan, exit_layer=None, num_draft_tokens=None))

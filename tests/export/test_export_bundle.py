@@ -3,9 +3,9 @@ import json
 import pytest
 
 from conftest import export_tiny, save_tiny_model
-from specdeploy import manifest as manifest_io
+from specdeploy.bundle import manifest as manifest_io
 from specdeploy.errors import ConfigError, UnsupportedModelError
-from specdeploy.export.bundle import ExportConfig, export
+from specdeploy.export import ExportConfig, export
 
 
 @pytest.mark.parametrize("arch", ["mistral", "qwen2", "qwen3"])
@@ -87,7 +87,7 @@ def test_reference_schedule_catches_a_broken_graph(tiny_bundle, tiny_model_dir):
     import transformers
 
     from specdeploy.errors import ValidationError
-    from specdeploy.export.bundle import validate_bundle
+    from specdeploy.export.validate import validate_bundle
 
     model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     m = manifest_io.read(tiny_bundle)

@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from specdeploy.runtime.acceptance import accept_greedy, accept_sampled
-from specdeploy.runtime.sampling import SamplingParams, sample, warp
+from specdeploy.config import SamplingParams
+from specdeploy.runtime.sampling import sample, warp
 
 CHI2_CRIT_999 = {7: 24.32, 15: 37.70}  # chi-square 0.999 quantiles by degrees of freedom
 

@@ -2,11 +2,17 @@ import numpy as np
 import pytest
 
 from specdeploy.errors import ConfigError
-from specdeploy.manifest import check_ngram
+from specdeploy.config import check_ngram
 from specdeploy.runtime.drafting import HybridDrafter, find_continuation
-from specdeploy.runtime.sampling import SamplingParams
+from specdeploy.config import SamplingParams
+from specdeploy.runtime.settings import DecodeSettings
 
-GREEDY, SAMPLED = SamplingParams(0.0), SamplingParams(1.0)
+
+def _settings(temperature: float) -> DecodeSettings:
+    return DecodeSettings(True, 4, "hybrid", (1, 4), SamplingParams(temperature))
+
+
+GREEDY, SAMPLED = _settings(0.0), _settings(1.0)
 
 
 def test_lookup_prefers_longest_most_recent_match():

@@ -7,7 +7,7 @@ import transformers
 from conftest import export_tiny
 from distribution import CHI2_999_10DOF, histogram, homogeneity_chi2
 from specdeploy.config import GenerationConfig
-from specdeploy.quality import teacher_forced_logits
+from specdeploy.quantization.quality import teacher_forced_logits
 from specdeploy.runtime.engine import Engine
 
 

@@ -1,7 +1,9 @@
 """Build TensorRT engines from a bundle's ONNX graphs, on the machine that will run them.
 
-Profiles come from the I/O names and dynamic axes in `io_names`: a decode/verify profile
-(1 … γmax+1 rows) and, for the decoder graphs, a prefill profile (up to the longest prompt). The
+Profiles come from the I/O names and dynamic axes in `io_names`: every graph gets a decode/verify
+profile (1 … γmax+1 rows) and a prefill profile (up to the longest prompt) — the heads too, so
+teacher-forced logits over a prompt and any num_draft_tokens up to the prompt limit run. Engines are
+written as `<graph>.trt` inside the bundle. The
 graphs carry their own precision (FP16 types, INT8 / FP8 Q/DQ), so networks are strongly typed:
 TensorRT 11 always, TensorRT 10 through the STRONGLY_TYPED creation flag.
 """
@@ -11,9 +13,9 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from ... import io_names
-from ... import manifest as manifest_io
-from ...config import MAX_DRAFT_TOKENS
+from ...bundle import io_names
+from ...bundle import manifest as manifest_io
+from ...constants import MAX_DRAFT_TOKENS
 from ...errors import BackendError, ConfigError
 from . import import_tensorrt
 from .cuda import Cuda
@@ -41,9 +43,8 @@ def profiles(graph, manifest, config: BuildConfig) -> list[dict[str, tuple]]:
     hidden, ctx = manifest.model.hidden_size, manifest.max_context
     decode_rows = (1, min(manifest.num_draft_tokens + 1, config.max_draft_tokens + 1), config.max_draft_tokens + 1)
     prefill_rows = (1, min(128, config.max_prompt), min(config.max_prompt, ctx))
-    kinds = [decode_rows] if not graph.kv_layers else [decode_rows, prefill_rows]
     out = []
-    for rows in kinds:
+    for rows in (decode_rows, prefill_rows):
         shapes = {}
         for name in graph.inputs:
             axes = io_names.dynamic_axes(name)
@@ -106,7 +107,7 @@ def build_engines(bundle: Path, config: BuildConfig = BuildConfig(), echo=print)
         plan = builder.build_serialized_network(network, build)
         if plan is None:
             raise BackendError(f"TensorRT could not build the {name} engine; rerun with -v for its log")
-        file = f"{name}.engine"
+        file = f"{name}.trt"
         (bundle / file).write_bytes(bytes(plan))
         cache_path.write_bytes(bytes(build.get_timing_cache().serialize()))
         engines[name] = {"file": file, "profiles": [{k: [list(s) for s in v] for k, v in p.items()} for p in shapes]}

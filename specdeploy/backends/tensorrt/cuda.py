@@ -31,6 +31,9 @@ class Cuda:
     def stream(self) -> int:
         return int(self.check(self.rt.cudaStreamCreateWithFlags(self.rt.cudaStreamNonBlocking), "stream create"))
 
+    def destroy_stream(self, stream: int) -> None:
+        self.check(self.rt.cudaStreamDestroy(stream), "stream destroy")
+
     def memset(self, ptr: int, size: int, stream: int) -> None:
         self.check(self.rt.cudaMemsetAsync(ptr, 0, size, stream), "cudaMemsetAsync")
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .. import io_names
-from ..manifest import Manifest
+from ..bundle import io_names
+from ..bundle.manifest import Manifest
 
 
 class TorchStage:
@@ -39,7 +39,7 @@ class TorchStage:
 
 
 def reference_stages(model, manifest: Manifest, adapter=None, vocab_ids=None) -> dict:
-    from ..export.split import DraftModule, HeadModule, VerifyModule
+    from .split import DraftModule, HeadModule, VerifyModule
 
     k, shape = manifest.exit_layer, manifest.kv_shape
     stages = {

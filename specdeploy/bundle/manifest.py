@@ -9,8 +9,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..config import check_ngram
+from ..constants import DEFAULT_LOOKUP_NGRAM, DEFAULT_OPSET
+from ..errors import BundleError, ConfigError
 from . import io_names
-from .errors import BundleError, ConfigError
 
 FORMAT = "specdeploy-bundle"
 SCHEMA_VERSION = 1
@@ -28,21 +30,6 @@ class ModelInfo:
     head_dim: int
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None = None
-
-
-DEFAULT_LOOKUP_NGRAM = (1, 4)  # also for bundles written before the field existed
-MAX_NGRAM = 16
-
-
-def check_ngram(ngram) -> tuple[int, int]:
-    """A valid (min, max) lookup n-gram range, or ConfigError saying what is wrong."""
-    pair = tuple(ngram) if isinstance(ngram, (tuple, list)) else ()
-    if len(pair) != 2 or not all(isinstance(n, int) and not isinstance(n, bool) for n in pair):
-        raise ConfigError(f"lookup_ngram={ngram!r} must be two integers (min, max), e.g. (2, 4)")
-    low, high = pair
-    if not (1 <= low <= high <= MAX_NGRAM):
-        raise ConfigError(f"lookup_ngram=({low}, {high}) needs 1 <= min <= max <= {MAX_NGRAM}, e.g. (2, 4)")
-    return low, high
 
 
 @dataclass(frozen=True)
@@ -80,7 +67,7 @@ class Manifest:
     calibration: dict | None = None
     quality: dict | None = None
     tensorrt: dict | None = None              # engines built for one TensorRT version and GPU
-    opset: int = 24                           # 23 = ScatterND KV writes, for ONNX Runtime < 1.25
+    opset: int = DEFAULT_OPSET              # 23 = ScatterND KV writes, for ONNX Runtime < 1.25
     schema_version: int = SCHEMA_VERSION
     format: str = FORMAT
     extra: dict = field(default_factory=dict)

@@ -9,14 +9,13 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-import onnx
-from onnx import external_data_helper, numpy_helper
-
 ALIGNMENT = 64 * 1024  # lets ONNX Runtime memory-map tensors straight from the file
 INLINE_LIMIT = 1024    # tensors smaller than this stay inside the graph file
 
 
-def _external_tensors(model: onnx.ModelProto):
+def _external_tensors(model):
+    import onnx
+
     yield from model.graph.initializer
     for node in model.graph.node:
         for attr in node.attribute:
@@ -28,7 +27,11 @@ def share(graphs: dict[str, Path], out_dir: Path, weights_file: str) -> dict[str
     """Rewrite each graph in `graphs` into `out_dir` pointing into one deduplicated weights file.
 
     Returns byte counts {"written": ..., "referenced": ...} so callers can report the saving.
+    Needs `onnx` (the export extra): only exporting and quantizing write weights.
     """
+    import onnx
+    from onnx import external_data_helper, numpy_helper
+
     offsets: dict[str, tuple[int, int]] = {}
     written = referenced = 0
     with open(out_dir / weights_file, "wb") as blob:

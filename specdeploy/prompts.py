@@ -1,14 +1,19 @@
-"""The built-in benchmark prompts: seven categories, eight prompts each, written for this project.
+"""Built-in prompt sets, written for this project: benchmark categories and calibration tasks.
 
-Summarisation and rewriting prompts carry their own passage (input-grounded work); the others do
-not. A user's JSONL (`{"category": ..., "prompt": ...}` per line) replaces the set.
+Benchmark: seven categories of eight prompts; summarisation and rewriting carry their own passage
+(input-grounded work), the others do not. A user's JSONL (`{"category": ..., "prompt": ...}` per
+line) replaces the set.
+
+Calibration: task kinds x topics, held out by whole task kind. Holding out whole kinds (not single
+prompts) keeps the held-out acceptance honest: prompts of a kind share phrasing the exit adapter
+would otherwise memorise.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import ConfigError
-from ..jsonl import read_objects
+from .errors import ConfigError
+from .jsonl import read_objects
 
 PASSAGES = [
     "The town council voted on Tuesday to convert the old railway depot into a public library. The building, "
@@ -37,7 +42,7 @@ PASSAGES = [
     "of Mount Pinatubo, global temperatures dropped by about half a degree for two years.",
 ]
 
-BUILTIN: dict[str, list[str]] = {
+BENCH_PROMPTS: dict[str, list[str]] = {
     "chat": [
         "Hi! Can you suggest a fun weekend activity for a family with two kids?",
         "What is a good way to start learning to play the guitar?",
@@ -93,11 +98,12 @@ BUILTIN: dict[str, list[str]] = {
 }
 
 
-def builtin() -> dict[str, list[str]]:
-    return {k: list(v) for k, v in BUILTIN.items()}
+def bench_prompts() -> dict[str, list[str]]:
+    """The built-in benchmark set: category -> prompts."""
+    return {k: list(v) for k, v in BENCH_PROMPTS.items()}
 
 
-def load(path: Path) -> dict[str, list[str]]:
+def load_bench_prompts(path: Path) -> dict[str, list[str]]:
     """A user's JSONL: {"category": str, "prompt": str} per line (category defaults to 'custom')."""
     out: dict[str, list[str]] = {}
     for number, item in read_objects(path, '{"category": "chat", "prompt": "..."}'):
@@ -105,3 +111,47 @@ def load(path: Path) -> dict[str, list[str]]:
             raise ConfigError(f"{path}:{number} needs a 'prompt' string (and optionally 'category')")
         out.setdefault(str(item.get("category", "custom")), []).append(item["prompt"])
     return out
+
+
+# --------------------------------------------------------------------------- calibration
+TASKS = {
+    "explain": "Explain {t} to a curious teenager in a short paragraph.",
+    "list": "List five interesting facts about {t}.",
+    "story": "Write a short story that involves {t}.",
+    "email": "Write a polite email to a colleague about {t}.",
+    "pros_cons": "What are the pros and cons of {t}?",
+    "summary": "Summarise what most people should know about {t} in three sentences.",
+    "code": "Write a Python function related to {t}, with a docstring and a short example.",
+    "question": "What is the most common misconception about {t}, and what is the truth?",
+    "history": "Give a brief history of {t}.",
+    "advice": "Give practical advice to a beginner interested in {t}.",
+    "poem": "Write a short poem about {t}.",
+    "compare": "Compare {t} with something similar and explain the differences.",
+}
+HELD_OUT_TASKS = ("advice", "poem", "compare")
+TOPICS = [
+    "photosynthesis", "black holes", "the stock market", "bread baking", "electric cars",
+    "the French Revolution", "machine learning", "coral reefs", "chess openings", "volcanoes",
+    "sleep", "the internet", "honeybees", "solar panels", "the Roman Empire", "vaccines",
+    "climate change", "sorting algorithms", "coffee", "the human heart",
+]
+
+
+def calibration_conversations(held_out: bool) -> list[list[dict]]:
+    """Chat conversations of the training (held_out=False) or held-out task kinds."""
+    tasks = [t for t in TASKS if (t in HELD_OUT_TASKS) == held_out]
+    return [[{"role": "user", "content": TASKS[task].format(t=topic)}]
+            for task in tasks for topic in TOPICS]
+
+
+def load_calibration_prompts(path: Path) -> list[list[dict]]:
+    """JSONL: one object per line, either {"prompt": str} or {"messages": [{role, content}, ...]}."""
+    conversations = []
+    for number, item in read_objects(path, '{"prompt": "..."}'):
+        if isinstance(item, dict) and isinstance(item.get("prompt"), str):
+            conversations.append([{"role": "user", "content": item["prompt"]}])
+        elif isinstance(item, dict) and isinstance(item.get("messages"), list):
+            conversations.append(item["messages"])
+        else:
+            raise ConfigError(f"{path}:{number} needs a 'prompt' string or a 'messages' list")
+    return conversations

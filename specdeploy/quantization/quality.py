@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from .config import GenerationConfig
-from .runtime.engine import Engine
+from ..config import GenerationConfig
+from ..runtime.engine import Engine
 
 
 def teacher_forced_logits(engine: Engine, ids: list[int]) -> np.ndarray:
     """Full-model logits [S, V] for every position of `ids` (one prefill pass)."""
     model = engine.model
-    hidden = model.deep(model.shallow(ids, 0).copy(), 0).copy()  # [S, H]
+    hidden = model.verify_pass(model.draft_pass(ids, 0).copy(), 0).copy()  # [S, H]
     return model.logits(hidden).astype(np.float64)              # [S, V]
 
 
@@ -39,7 +39,7 @@ def compare_text(reference: Engine, candidate: Engine, texts: list[str]) -> dict
 
 
 def speed_and_acceptance(engine: Engine, prompts: list[str], max_new_tokens: int = 48) -> dict:
-    from .bench.timing import run_modes
+    from ..runtime.timing import run_modes
 
     chat = engine.tokenizer.chat_template is not None
     ids = [engine.encode_prompt([{"role": "user", "content": p}] if chat else p) for p in prompts]

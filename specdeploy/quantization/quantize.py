@@ -24,12 +24,13 @@ from typing import Callable
 
 import numpy as np
 
-from . import io_names
-from . import manifest as manifest_io
-from .errors import ConfigError, require
+from .. import prompts
+from ..bundle import io_names
+from ..bundle import manifest as manifest_io
+from ..constants import PRECISIONS
+from ..errors import ConfigError, require
 
 log = logging.getLogger("specdeploy")
-PRECISIONS = ("fp32", "fp16", "int8", "fp8")
 KEEP_FLOAT = ("down_proj",)  # MatMuls whose weights' names contain these stay in float
 
 
@@ -83,15 +84,15 @@ def _calibration_feeds(bundle: Path, manifest, texts: list[str],
 
     Equal shapes let every calibrator (histograms too) merge its statistics across samples.
     """
-    from .runtime.engine import Engine
+    from ..runtime.engine import Engine
 
     feeds = {name: [] for name in manifest.graphs}
     with Engine(bundle) as engine:
         stream = [t for text in texts for t in engine.encode_prompt(text)]
         for start in range(0, len(stream) - window + 1, window):
             ids = stream[start : start + window]
-            hidden_k = engine.model.shallow(ids, 0).copy()                      # [S, H]
-            final = engine.model.deep(hidden_k, 0).copy()                       # [S, H]
+            hidden_k = engine.model.draft_pass(ids, 0).copy()                      # [S, H]
+            final = engine.model.verify_pass(hidden_k, 0).copy()                       # [S, H]
             feeds[io_names.DRAFT].append(_decoder_feed(manifest, io_names.DRAFT, io_names.INPUT_IDS,
                                                        np.array([ids], np.int64)))
             feeds[io_names.VERIFY].append(_decoder_feed(manifest, io_names.VERIFY, io_names.HIDDEN_IN, hidden_k[None]))
@@ -242,15 +243,14 @@ def quantize_bundle(bundle: Path, precision: str, draft_precision: str | None = 
                     echo: Callable[[str], None] = print, **_) -> Path:
     """Rewrite the fp32 bundle at `bundle` in place at the requested precision(s)."""
     require("onnx", "export", "quantizing a bundle")
-    from .calibration.prompts import builtin
-    from .export import weights
+    from ..bundle import weights
 
     bundle = Path(bundle)
     manifest = manifest_io.read(bundle)
     if manifest.precision != "fp32":
         raise ConfigError(f"{bundle} is already {manifest.precision}; quantize an fp32 bundle")
     plan = graph_precisions(manifest, precision, draft_precision, verify_precision)
-    texts = texts or [c[0]["content"] for c in builtin(held_out=False)[::6]]
+    texts = texts or _calibration_texts(None)
     feeds = _calibration_feeds(bundle, manifest, texts) if {"int8", "fp8"} & set(plan.values()) else {}
     with tempfile.TemporaryDirectory(dir=bundle.parent, prefix=".quantize-") as tmp:
         tmp = Path(tmp)
@@ -276,43 +276,52 @@ def quantize_bundle(bundle: Path, precision: str, draft_precision: str | None = 
     return bundle
 
 
-def quantize(source: Path, output: Path, precision: str, draft_precision: str | None = None,
-             verify_precision: str | None = None, prompts_file: Path | None = None,
-             echo: Callable[[str], None] = print, report: bool = True) -> Path:
-    """Write a quantized copy of the fp32 bundle `source` to `output` and measure its quality.
+def _calibration_texts(prompts_file: Path | None) -> list[str]:
+    texts = [c[-1]["content"] for c in prompts.calibration_conversations(held_out=False)[::6]]
+    if prompts_file:
+        texts += [c[-1]["content"] for c in prompts.load_calibration_prompts(prompts_file)]
+    return texts
+
+
+def quantized_copy(source: Path, target: Path, precision: str, draft_precision: str | None = None,
+                   verify_precision: str | None = None, prompts_file: Path | None = None,
+                   echo: Callable[[str], None] = print, report: bool = True) -> Path:
+    """Copy the fp32 bundle `source` to the new directory `target`, quantize it, measure its quality.
 
     The quality report (top-1 agreement with fp32 and perplexity on held-out text, acceptance,
     CPU tokens/s of plain and speculative decoding) is printed and stored in the manifest.
     """
-    from .bench.prompts import PASSAGES
-    from .calibration.prompts import builtin, load_user_prompts
-
-    source, output = Path(source).resolve(), Path(output).resolve()
     manifest_io.read(source)
-    texts = [c[-1]["content"] for c in builtin(held_out=False)[::6]]
-    if prompts_file:
-        texts += [c[-1]["content"] for c in load_user_prompts(prompts_file)]
-    staging = output.with_name(output.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    shutil.copytree(source, staging)
-    quantize_bundle(staging, precision, draft_precision, verify_precision, texts, echo)
+    texts = _calibration_texts(prompts_file)
+    shutil.copytree(source, target)
+    quantize_bundle(target, precision, draft_precision, verify_precision, texts, echo)
     if report:
         from . import quality
 
-        held_out = [c[-1]["content"] for c in builtin(held_out=True)[:3]]
-        result = quality.report(source, staging, PASSAGES[:4], held_out)
-        manifest_io.write(staging, manifest_io.read(staging).replace(quality=result))
-        echo(format_quality(manifest_io.read(staging).precision, result))
-    if output.exists():
-        if output == source:
-            shutil.rmtree(output)
-        else:
-            from .export.bundle import install
+        held_out = [c[-1]["content"] for c in prompts.calibration_conversations(held_out=True)[:3]]
+        result = quality.report(source, target, prompts.PASSAGES[:4], held_out)
+        quantized = manifest_io.read(target)
+        manifest_io.write(target, quantized.replace(quality=result))
+        echo(format_quality(quantized.precision, result))
+    return target
 
-            install(staging, output)
-            return output
-    staging.rename(output)
-    return output
+
+def quantize(source: Path, output: Path, precision: str, draft_precision: str | None = None,
+             verify_precision: str | None = None, prompts_file: Path | None = None,
+             echo: Callable[[str], None] = print, report: bool = True) -> Path:
+    """Write a quantized copy of the fp32 bundle `source` to `output` (which may be `source`).
+
+    Built in a staging directory and installed only once whole: a failure leaves `output` as it was.
+    """
+    from ..bundle.install import install, staging_dir
+
+    source = Path(source).resolve()
+    manifest_io.read(source)
+    with staging_dir(output, ".quantize-") as staging:
+        target = staging.with_name("quantized")
+        quantized_copy(source, target, precision, draft_precision, verify_precision, prompts_file, echo, report)
+        install(target, output)
+    return Path(output).resolve()
 
 
 def format_quality(precision: str, q: dict) -> str:

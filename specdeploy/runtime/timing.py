@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..config import GenerationConfig
-from ..runtime.stats import GenerationStats
+from .stats import GenerationStats
 
 
 @dataclass

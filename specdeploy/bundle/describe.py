@@ -1,4 +1,4 @@
-"""`specdeploy inspect`: a readable summary of a bundle's manifest."""
+"""A readable summary of a bundle's manifest (`specdeploy inspect`)."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,0 +1,39 @@
+"""Values shared by every layer, defined once: the CLI builds its choices from these.
+
+This module imports nothing of ours, so any module may import it.
+"""
+from __future__ import annotations
+
+VERSION = "0.1.0"
+
+# draft sources (runtime/drafting.py); "plain" labels a round or request without drafts
+SOURCES = ("early_exit", "lookup", "hybrid")
+PLAIN = "plain"
+DEFAULT_DRAFT_SOURCE = "hybrid"
+
+# num_draft_tokens (γ): the largest any drafter, request or engine profile accepts
+MAX_DRAFT_TOKENS = 16
+DEFAULT_NUM_DRAFT_TOKENS = 4
+
+# lookup drafting: suffix lengths (min, max) matched against the context, longest first
+DEFAULT_LOOKUP_NGRAM = (1, 4)
+MAX_NGRAM = 16
+
+# graph precisions; "fp32" is the exported form, the others come from quantization
+PRECISIONS = ("fp32", "fp16", "int8", "fp8")
+QUANTIZED_PRECISIONS = ("fp16", "int8", "fp8")
+
+BACKENDS = ("onnxruntime", "tensorrt")
+DEFAULT_BACKEND = "onnxruntime"
+PROVIDERS = ("cpu", "cuda", "tensorrt")   # ONNX Runtime execution providers
+
+# ONNX opsets a bundle can be exported at: 24 writes KV rows with TensorScatter (ONNX Runtime
+# >= 1.25), 23 with ScatterND (ONNX Runtime 1.23, the newest for Python 3.10)
+OPSETS = (24, 23)
+DEFAULT_OPSET = 24
+
+DEFAULT_MAX_CONTEXT = 2048
+MAX_CONTEXT_RANGE = (16, 32768)
+
+# a bundle is a directory; this is its default name (it is not a TensorRT plan file)
+DEFAULT_BUNDLE = "engine.plan"

@@ -1,0 +1,130 @@
+"""The one export pipeline: model -> [calibration] -> graphs + validation -> [quantization] ->
+[TensorRT engines] -> installed bundle.
+
+Every step writes into one staging directory beside the output; the bundle is installed only once
+whole, so an interrupted or failed export leaves an existing bundle untouched. Calibration and
+quantization are steps this pipeline calls; neither calls back into it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..config import check_ngram, check_num_draft_tokens, check_source
+from ..constants import (BACKENDS, DEFAULT_BACKEND, DEFAULT_BUNDLE, DEFAULT_DRAFT_SOURCE, DEFAULT_LOOKUP_NGRAM,
+                         DEFAULT_MAX_CONTEXT, DEFAULT_NUM_DRAFT_TOKENS, DEFAULT_OPSET, MAX_CONTEXT_RANGE,
+                         OPSETS, PRECISIONS)
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    """Everything `specdeploy export` / `calibrate` can be asked; validated on construction."""
+
+    source: Path                                   # Hugging Face directory, .gguf file, or a bundle to re-calibrate
+    exit_layer: int | None                         # None: chosen by calibration ("auto")
+    num_draft_tokens: int | None = DEFAULT_NUM_DRAFT_TOKENS  # None: chosen by calibration ("auto")
+    max_context: int = DEFAULT_MAX_CONTEXT
+    output: Path = Path(DEFAULT_BUNDLE)
+    draft_source: str = DEFAULT_DRAFT_SOURCE
+    lookup_ngram: tuple[int, int] = DEFAULT_LOOKUP_NGRAM
+    calibrate: bool = False
+    precision: str = "fp32"
+    draft_precision: str | None = None             # None: `precision`
+    verify_precision: str | None = None            # None: `precision`
+    prompts_file: Path | None = None               # extra calibration prompts (JSONL)
+    validate: bool = True
+    backend: str = DEFAULT_BACKEND                 # "tensorrt": also build engines on this machine
+    opset: int = DEFAULT_OPSET                     # 23: ScatterND KV writes, for ONNX Runtime < 1.25
+
+    def __post_init__(self):
+        object.__setattr__(self, "source", Path(self.source))
+        object.__setattr__(self, "output", Path(self.output))
+        if self.opset not in OPSETS:
+            raise ConfigError(f"opset={self.opset} is not supported; pick 24 (default) or 23 (ONNX Runtime 1.23)")
+        if self.exit_layer is not None and self.exit_layer < 1:
+            raise ConfigError(f"exit_layer={self.exit_layer} must be >= 1")
+        if self.num_draft_tokens is not None:
+            check_num_draft_tokens(self.num_draft_tokens)
+        low, high = MAX_CONTEXT_RANGE
+        if not (low <= self.max_context <= high):
+            raise ConfigError(f"max_context={self.max_context} must be in {low}..{high}")
+        check_source(self.draft_source)
+        object.__setattr__(self, "lookup_ngram", check_ngram(self.lookup_ngram))
+        for p in (self.precision, self.draft_precision, self.verify_precision):
+            if p is not None and p not in PRECISIONS:
+                raise ConfigError(f"precision='{p}' is unknown; pick one of {', '.join(PRECISIONS)}")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"backend='{self.backend}' is unknown; pick one of {', '.join(BACKENDS)}")
+
+    @property
+    def quantized(self) -> bool:
+        return {self.precision, self.draft_precision or "fp32", self.verify_precision or "fp32"} != {"fp32"}
+
+    @property
+    def needs_calibration(self) -> bool:
+        return self.calibrate or self.exit_layer is None or self.num_draft_tokens is None
+
+    def check_layers(self, num_layers: int) -> None:
+        if self.exit_layer is not None and self.exit_layer >= num_layers:
+            raise ConfigError(
+                f"exit_layer={self.exit_layer} must be < num_layers={num_layers}; pick 1..{num_layers - 1}"
+            )
+
+
+def export(config: ExportConfig, echo: Callable[[str], None] = print, calibration=None) -> Path:
+    """Export (and optionally calibrate, quantize, build engines for) one bundle; returns its path.
+
+    `calibration` is a `calibration.steps.CalibrationConfig` (defaults when None).
+    """
+    from ..bundle.install import check_output, install, staging_dir
+    from .arch import load
+
+    config = resolve_source(config)
+    output = check_output(config.output)  # before the (slow) model load
+    model, tokenizer = load(config.source)
+    config.check_layers(model.config.num_hidden_layers)
+    with staging_dir(output, ".export-") as staging:
+        if config.needs_calibration:
+            from ..calibration.steps import CalibrationConfig
+            from .calibrate import calibrated_export
+
+            calibrated_export(model, tokenizer, config, staging, echo, calibration or CalibrationConfig())
+        else:
+            from .writer import write_bundle
+
+            write_bundle(model, tokenizer, config, staging)
+        final = _quantized(staging, config, echo) if config.quantized else staging
+        if config.backend == "tensorrt":
+            from ..backends.tensorrt.build import build_engines
+
+            build_engines(final, echo=echo)
+        install(final, output)
+    return output
+
+
+def _quantized(fp32: Path, config: ExportConfig, echo) -> Path:
+    """A quantized copy of the staged fp32 bundle beside it (the fp32 one is its quality reference)."""
+    from ..quantization.quantize import quantized_copy
+
+    target = fp32.with_name("quantized")
+    quantized_copy(fp32, target, config.precision, config.draft_precision, config.verify_precision,
+                   config.prompts_file, echo)
+    shutil.rmtree(fp32)
+    return target
+
+
+def resolve_source(config: ExportConfig) -> ExportConfig:
+    """`specdeploy calibrate BUNDLE`: re-calibrate from the model the bundle was exported from."""
+    from ..bundle import manifest as manifest_io
+
+    if not (config.source / manifest_io.MANIFEST_FILE).is_file():
+        return config
+    source = manifest_io.read(config.source).extra.get("source")
+    if not source or not Path(source).exists():
+        raise ConfigError(f"{config.source} does not record an existing source model ({source}); "
+                          f"calibrate the model itself: specdeploy calibrate MODEL --output {config.output}")
+    return dataclasses.replace(config, source=Path(source))

@@ -1,0 +1,122 @@
+"""Writing one bundle directory from a loaded model: graphs, shared weights, tokenizer, manifest.
+
+The pipeline (export/pipeline.py) decides what to write and where; this module only writes, into
+a directory it is given (a staging directory that is installed once whole).
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..bundle import io_names
+from ..bundle import manifest as manifest_io
+from ..bundle.manifest import GraphInfo, Manifest
+
+log = logging.getLogger("specdeploy")
+
+
+def decoder_graphs(k: int, num_layers: int) -> dict[str, GraphInfo]:
+    graphs = {}
+    for name, first, layers in ((io_names.DRAFT, io_names.INPUT_IDS, (0, k)),
+                                (io_names.VERIFY, io_names.HIDDEN_IN, (k, num_layers))):
+        inputs, outputs = io_names.decoder_io(first, range(*layers))
+        graphs[name] = GraphInfo(f"{name}.onnx", tuple(inputs), tuple(outputs), layers)
+    inputs, outputs = io_names.head_io()
+    graphs[io_names.HEAD] = GraphInfo("head.onnx", tuple(inputs), tuple(outputs))
+    return graphs
+
+
+def write_graphs(model, manifest: Manifest, out: Path, adapter=None, vocab_ids=None) -> dict:
+    """Export every graph of `manifest` into `out` with one shared weights file."""
+    from ..bundle import weights
+    from . import onnx_export
+
+    raw = out / "raw"
+    raw.mkdir()
+    k, ctx, opset = manifest.exit_layer, manifest.max_context, manifest.opset
+    onnx_export.export_draft(model, k, ctx, raw / "draft.onnx", opset)
+    onnx_export.export_verify(model, k, ctx, raw / "verify.onnx", opset)
+    onnx_export.export_head(model, raw / "head.onnx", opset=opset)
+    if io_names.DRAFT_HEAD in manifest.graphs:
+        onnx_export.export_head(model, raw / "draft_head.onnx", adapter, vocab_ids, opset)
+    files = {name: raw / f"{name}.onnx" for name in manifest.graphs}
+    sizes = weights.share(files, out, manifest.weights)
+    shutil.rmtree(raw)
+    return sizes
+
+
+def save_tokenizer(tokenizer, out: Path) -> tuple[str, str | None]:
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save_pretrained(tmp)
+        shutil.copy(Path(tmp) / "tokenizer.json", out / "tokenizer.json")
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, str) and template:
+        (out / "chat_template.jinja").write_text(template)
+        return "tokenizer.json", "chat_template.jinja"
+    return "tokenizer.json", None
+
+
+@dataclass(frozen=True)
+class DraftHead:
+    """Calibration results baked into the draft head graph (see specdeploy.calibration)."""
+
+    adapter: object = None              # torch module applied to h_k before the final norm
+    vocab_ids: object = None            # int64 array: the draft vocabulary, or None for all tokens
+    threshold: float | None = None      # adaptive drafting: stop below this draft top probability
+
+    @property
+    def needs_graph(self) -> bool:
+        return self.adapter is not None or self.vocab_ids is not None
+
+
+def build_manifest(model, tokenizer, config, name: str) -> Manifest:
+    from .arch import eos_ids, model_info
+
+    info = model_info(model, name, eos_ids(model, tokenizer))
+    config.check_layers(info.num_layers)
+    return Manifest(
+        model=info, exit_layer=config.exit_layer, num_draft_tokens=config.num_draft_tokens,
+        max_context=config.max_context, graphs=decoder_graphs(config.exit_layer, info.num_layers),
+        draft_source=config.draft_source, lookup_ngram=config.lookup_ngram, opset=config.opset,
+    )
+
+
+def _with_draft_head(manifest: Manifest, draft: DraftHead | None, staging: Path) -> Manifest:
+    if draft is None or not draft.needs_graph:
+        return manifest.replace(confidence_threshold=draft.threshold if draft else None)
+    import numpy as np
+
+    inputs, outputs = io_names.head_io()
+    graphs = {**manifest.graphs,
+              io_names.DRAFT_HEAD: GraphInfo("draft_head.onnx", tuple(inputs), tuple(outputs))}
+    vocab_file = None
+    if draft.vocab_ids is not None:
+        vocab_file = "draft_vocab.npy"
+        np.save(staging / vocab_file, np.asarray(draft.vocab_ids, dtype=np.int64))
+    return manifest.replace(graphs=graphs, draft_vocab=vocab_file, confidence_threshold=draft.threshold)
+
+
+def write_bundle(model, tokenizer, config, staging: Path, draft: DraftHead | None = None,
+                 calibration: dict | None = None) -> Manifest:
+    """Export every graph of `config`'s split into the empty directory `staging` and validate it.
+
+    `config` is an ExportConfig whose exit layer and draft length are decided (not "auto").
+    """
+    from .validate import validate_bundle
+
+    manifest = build_manifest(model, tokenizer, config, Path(config.source).name)
+    log.info("exporting %s: exit layer %d of %d", manifest.model.name, config.exit_layer, manifest.model.num_layers)
+    manifest = _with_draft_head(manifest, draft, staging)
+    adapter, vocab_ids = (draft.adapter, draft.vocab_ids) if draft else (None, None)
+    sizes = write_graphs(model, manifest, staging, adapter, vocab_ids)
+    tok, template = save_tokenizer(tokenizer, staging)
+    extra = {"weights_bytes": sizes["written"], "weights_bytes_before_dedup": sizes["referenced"],
+             "source": str(Path(config.source).resolve())}
+    manifest = manifest.replace(tokenizer=tok, chat_template=template, extra=extra, calibration=calibration)
+    if config.validate:
+        extra["validation_max_abs_diff"] = validate_bundle(model, staging, manifest, adapter, vocab_ids)
+    manifest_io.write(staging, manifest)
+    return manifest

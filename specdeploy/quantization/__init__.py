@@ -1,0 +1,1 @@
+"""Quantization (export extra): int8 / fp8 / fp16 copies of an fp32 bundle and their quality report."""
