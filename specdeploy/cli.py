@@ -228,9 +228,10 @@ def serve(bundle, host, port, max_queue, model_name, provider, backend):
     """Serve BUNDLE over an OpenAI-compatible HTTP API with a playground at /."""
     from .serve.server import ServeConfig, serve as run_server
 
-    click.echo(f"serving {bundle} on http://{host}:{port} (playground at /, API at /v1)")
-    run_server(ServeConfig(bundle=bundle, host=host, port=port, max_queue=max_queue,
-                           model_name=model_name, provider=provider, backend=backend))
+    config = ServeConfig(bundle=bundle, host=host, port=port, max_queue=max_queue,
+                         model_name=model_name, provider=provider, backend=backend)
+    run_server(config, ready=lambda: click.echo(f"serving {bundle} on http://{host}:{port} "
+                                                f"(playground at /, API at /v1)"))
 
 
 @main.command()

@@ -16,6 +16,10 @@ class UnsupportedModelError(SpecDeployError):
     """The model's architecture cannot be split by the exporter."""
 
 
+class ModelSourceError(SpecDeployError):
+    """A model file or directory is missing, corrupt, or in a form the exporter cannot read."""
+
+
 class BundleError(SpecDeployError):
     """A bundle on disk is missing, incomplete or from an incompatible version."""
 

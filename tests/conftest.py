@@ -58,8 +58,8 @@ def export_tiny(arch: str, root: Path, exit_layer: int = 2, **options) -> Path:
     from specdeploy.export import ExportConfig, export
 
     model_dir = save_tiny_model(arch, root / f"{arch}-model")
-    config = ExportConfig(source=model_dir, exit_layer=exit_layer, max_context=128,
-                          output=root / f"{arch}-bundle", **options)
+    options = {"max_context": 128, **options}
+    config = ExportConfig(source=model_dir, exit_layer=exit_layer, output=root / f"{arch}-bundle", **options)
     return export(config)
 
 
@@ -67,6 +67,12 @@ def export_tiny(arch: str, root: Path, exit_layer: int = 2, **options) -> Path:
 def tiny_bundle(tmp_path_factory) -> Path:
     """An exported tiny Llama bundle (exit layer 2 of 4, context 128)."""
     return export_tiny("llama", tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="session")
+def long_bundle(tmp_path_factory) -> Path:
+    """The tiny Llama with a 4096-token context: generations long enough to cancel midway."""
+    return export_tiny("llama", tmp_path_factory.mktemp("long"), max_context=4096)
 
 
 @pytest.fixture(scope="session")

@@ -80,3 +80,11 @@ def test_export_and_generate_through_the_cli(tiny_model_dir, tmp_path):
     result = run("generate", out, "w3 w4", "--max-tokens", 6, "--raw", "--draft-source", "lookup",
                  "--lookup-ngram", 1, 3)
     assert result.exit_code == 0, result.output
+
+
+def test_generate_writes_text_to_stdout_and_the_summary_to_stderr(tiny_bundle):
+    result = CliRunner().invoke(main, ["generate", str(tiny_bundle), "w3 w4", "--max-tokens", "8", "--raw"])
+    assert result.exit_code == 0, result.output
+    assert "tok/s" not in result.stdout and "[speculative" not in result.stdout  # `> out.txt` keeps text only
+    assert "tok/s" in result.stderr and result.stderr.count("\n") == 1
+    assert result.stdout.strip()  # the generated text

@@ -81,3 +81,25 @@ def test_weight_only_graphs_fold_their_dequantization(quantized):
         except RuntimeError:  # not set
             folded = None
     assert folded == ("1" if kind in ("int8", "fp8", "mixed") else None)
+
+
+def test_quantizing_in_place_replaces_the_bundle_only_once_whole(tiny_bundle, tmp_path, monkeypatch):
+    import shutil
+
+    import specdeploy.bundle.install as install_module
+
+    bundle = tmp_path / "in-place"
+    shutil.copytree(tiny_bundle, bundle)
+    before = {p.name: p.read_bytes() for p in bundle.iterdir() if p.is_file()}
+
+    def broken_move(*args, **kwargs):  # the last step fails, e.g. the disk fills up
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(install_module.shutil, "move", broken_move)
+    with pytest.raises(OSError):
+        quantize(bundle, bundle, "int8", report=False, echo=lambda s: None)
+    assert {p.name: p.read_bytes() for p in bundle.iterdir() if p.is_file()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in-place"]  # nothing left behind
+    monkeypatch.undo()
+    quantize(bundle, bundle, "int8", report=False, echo=lambda s: None)
+    assert manifest_io.read(bundle).precision == "int8"

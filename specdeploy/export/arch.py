@@ -32,29 +32,28 @@ def check_supported(model_type: str) -> None:
 
 def load(source: Path):
     """Load (model, tokenizer) from a Hugging Face directory or a .gguf file, in fp32 on the CPU."""
+    from .inputs import check_source, load_failure
+
     transformers = require("transformers", "export", "exporting a model")
-    require("torch", "export", "exporting a model")
+    torch = require("torch", "export", "exporting a model")
     source = Path(source)
-    if not source.exists():
-        raise UnsupportedModelError(
-            f"{source} does not exist; pass a Hugging Face model directory or a .gguf file"
-        )
+    check_source(source, check_supported)
     kwargs = {}
     if source.suffix == ".gguf":
         require("gguf", "export", "loading a GGUF file")
-        kwargs, source = {"gguf_file": source.name}, source.parent
-    elif not (source / "config.json").is_file():
-        raise UnsupportedModelError(
-            f"{source} has no config.json; pass a Hugging Face model directory or a .gguf file"
-        )
-    config = transformers.AutoConfig.from_pretrained(source, **kwargs)
+        kwargs, directory = {"gguf_file": source.name}, source.parent
+    else:
+        directory = source
+    try:
+        config = transformers.AutoConfig.from_pretrained(directory, **kwargs)
+    except Exception as exc:  # the loaders' own types; reported in one line with the file
+        raise load_failure(source, exc) from exc
     check_supported(config.model_type)
-    import torch
-
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        source, dtype=torch.float32, **kwargs
-    ).eval()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(source, **kwargs)
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, **kwargs).eval()
+        tokenizer = transformers.AutoTokenizer.from_pretrained(directory, **kwargs)
+    except Exception as exc:
+        raise load_failure(source, exc) from exc
     return model, tokenizer
 
 

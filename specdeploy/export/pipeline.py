@@ -84,7 +84,11 @@ def export(config: ExportConfig, echo: Callable[[str], None] = print, calibratio
     from .arch import load
 
     config = resolve_source(config)
-    output = check_output(config.output)  # before the (slow) model load
+    output = check_output(config.output)  # bad inputs fail before the (slow) model load
+    if config.prompts_file:
+        from ..prompts import load_calibration_prompts
+
+        load_calibration_prompts(config.prompts_file)
     model, tokenizer = load(config.source)
     config.check_layers(model.config.num_hidden_layers)
     with staging_dir(output, ".export-") as staging:

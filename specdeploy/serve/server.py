@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from ..errors import ConfigError, require
 
@@ -25,16 +26,35 @@ class ServeConfig:
             raise ConfigError(f"max_queue={self.max_queue} must be >= 1")
 
 
-def serve(config: ServeConfig, ready=None) -> None:
-    """Load the bundle and serve until SIGTERM/SIGINT; in-flight work gets `shutdown_timeout_s`."""
+def check_port(host: str, port: int) -> None:
+    """Refuse a port another process holds, in one line, before the bundle is loaded."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(f"could not listen on {host}:{port} ({exc.strerror}); pick another --port") from None
+
+
+def serve(config: ServeConfig, ready: Callable[[], None] = lambda: None) -> None:
+    """Load the bundle and serve until SIGTERM/SIGINT; in-flight work gets `shutdown_timeout_s`.
+
+    `ready` is called once the bundle is loaded (the CLI announces the address then, not before
+    an error about the bundle).
+    """
     uvicorn = require("uvicorn", "serve", "serving")
     require("starlette", "serve", "serving")
     from ..runtime.engine import Engine
     from .app import Server
 
+    check_port(config.host, config.port)
     engine = Engine(config.bundle, backend=config.backend, provider=config.provider)
     name = config.model_name or engine.manifest.model.name
     server = Server(engine, name, config.max_queue)
+    ready()
 
     class _Uvicorn(uvicorn.Server):
         def handle_exit(self, sig, frame):

@@ -4,7 +4,7 @@ import pytest
 
 from conftest import export_tiny, save_tiny_model
 from specdeploy.bundle import manifest as manifest_io
-from specdeploy.errors import ConfigError, UnsupportedModelError
+from specdeploy.errors import ConfigError, ModelSourceError, UnsupportedModelError
 from specdeploy.export import ExportConfig, export
 
 
@@ -71,7 +71,7 @@ def test_exit_layer_out_of_range(tmp_path):
 
 
 def test_missing_source_is_a_clear_error(tmp_path):
-    with pytest.raises(UnsupportedModelError, match="does not exist"):
+    with pytest.raises(ModelSourceError, match="does not exist"):
         export(ExportConfig(source=tmp_path / "nope", exit_layer=1, output=tmp_path / "out"))
 
 
@@ -119,3 +119,22 @@ def test_opset_23_bundle_for_older_onnxruntime(tmp_path):
     check_opset(m, "1.23.2")
     with pytest.raises(BackendError, match="--opset 23"):
         check_opset(m.replace(opset=24), "1.23.2")
+
+
+def test_interrupted_export_leaves_existing_bundle_untouched(tiny_bundle, tiny_model_dir, tmp_path, monkeypatch):
+    import shutil
+
+    from specdeploy.export import writer
+
+    existing = tmp_path / "existing"
+    shutil.copytree(tiny_bundle, existing)
+    before = {p.name: p.read_bytes() for p in existing.iterdir() if p.is_file()}
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(writer, "save_tokenizer", interrupted)  # after the graphs are written
+    with pytest.raises(KeyboardInterrupt):
+        export(ExportConfig(source=tiny_model_dir, exit_layer=1, max_context=64, output=existing))
+    assert {p.name: p.read_bytes() for p in existing.iterdir() if p.is_file()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["existing"]

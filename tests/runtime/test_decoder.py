@@ -57,9 +57,25 @@ def test_plain_mode_runs_one_token_per_round(tiny_engine):
     assert len(out) == 10 and stats.drafted == 0 and stats.tokens_per_round == 1.0
 
 
-def test_eos_stops_generation(tiny_engine):
-    out = tiny_engine.generate_ids([3, 4], GenerationConfig(max_new_tokens=100, speculative=False))
-    assert 1 not in out
+def _prompt_that_reaches_eos(engine) -> tuple[list[int], list[int]]:
+    """A prompt whose plain output (EOS ignored) contains EOS (id 1), and that output."""
+    rng = np.random.default_rng(11)
+    for _ in range(200):
+        prompt = [int(t) for t in rng.integers(2, 96, 4)]
+        full, _ = ids(engine, prompt, max_new_tokens=60, speculative=False)
+        if 1 in full and full.index(1) > 0:
+            return prompt, full
+    raise AssertionError("no prompt of 200 reaches EOS on the tiny model; pick another seed")
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_eos_stops_generation_just_before_it(tiny_engine, speculative):
+    prompt, full = _prompt_that_reaches_eos(tiny_engine)
+    stats = GenerationStats()
+    out = tiny_engine.generate_ids(prompt, GenerationConfig(max_new_tokens=60, speculative=speculative), stats)
+    assert out == full[: full.index(1)]  # everything up to EOS, EOS itself not emitted
+    result = tiny_engine.generate(tiny_engine.tokenizer.decode(prompt), max_new_tokens=60, speculative=speculative)
+    assert result.finish_reason == "stop"
 
 
 def test_context_overflow_is_refused(tiny_engine):

@@ -8,3 +8,4 @@ def server(tiny_bundle):
     s = RunningServer(tiny_bundle, "--max-queue", "2")
     yield s
     s.stop()
+

@@ -83,9 +83,9 @@ def _check_precision(manifest, capability: tuple[int, int]) -> None:
 
 def build_engines(bundle: Path, config: BuildConfig = BuildConfig(), echo=print) -> Path:
     """Build one engine per graph into the bundle and record them in the manifest."""
-    trt = import_tensorrt()
     bundle = Path(bundle)
-    manifest = manifest_io.read(bundle)
+    manifest = manifest_io.read(bundle)  # a bad bundle is named before a missing TensorRT
+    trt = import_tensorrt()
     capability = Cuda().compute_capability()
     _check_precision(manifest, capability)
     logger = trt.Logger(trt.Logger.WARNING)
