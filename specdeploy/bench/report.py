@@ -151,22 +151,41 @@ def plots(results: dict, out: Path) -> list[Path]:
     return written
 
 
+def heat_scale(key: str, data: np.ndarray) -> tuple[str, float, float]:
+    """(colormap, vmin, vmax) on a scale that means something, not the data's own min..max.
+
+    Acceptance spans its whole range 0..1; speedup is centred on 1.0 (plain decoding) with at
+    least ±0.25 either side, so 0.34 vs 0.36 or 0.98× vs 1.02× look alike, as they are.
+    """
+    if key == "acceptance_rate":
+        return "viridis", 0.0, 1.0
+    values = data[np.isfinite(data)]
+    spread = max(0.25, float(np.abs(values - 1.0).max()) if values.size else 0.0)
+    return "RdBu", 1.0 - spread, 1.0 + spread
+
+
 def _sweep_plot(grid, out: Path, plt) -> Path:
     exits = sorted({r["exit_layer"] for r in grid})
     gammas = sorted({r["num_draft_tokens"] for r in grid})
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, key, title in ((axes[0], "acceptance_rate", "acceptance α"), (axes[1], "measured_speedup", "speedup")):
+    panels = ((axes[0], "acceptance_rate", "acceptance α (0..1)", "{:.2f}"),
+              (axes[1], "measured_speedup", "speedup vs plain (1.0 = same)", "{:.2f}×"))
+    for ax, key, title, label in panels:
         data = np.full((len(exits), len(gammas)), np.nan)
         for r in grid:
             data[exits.index(r["exit_layer"]), gammas.index(r["num_draft_tokens"])] = r[key]
-        im = ax.imshow(data, cmap="viridis", aspect="auto")
+        cmap, vmin, vmax = heat_scale(key, data)
+        im = ax.imshow(data, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
         ax.set_xticks(range(len(gammas)), gammas)
         ax.set_yticks(range(len(exits)), exits)
         ax.set_xlabel("draft length γ")
         ax.set_ylabel("exit layer k")
         ax.set_title(title)
         for (i, j), v in np.ndenumerate(data):
-            ax.text(j, i, f"{v:.2f}", ha="center", va="center", color="w", fontsize=8)
+            if np.isfinite(v):
+                shade = (v - vmin) / (vmax - vmin)
+                dark = shade < 0.35 if key == "acceptance_rate" else abs(shade - 0.5) > 0.3
+                ax.text(j, i, label.format(v), ha="center", va="center", fontsize=8, color="w" if dark else "k")
         fig.colorbar(im, ax=ax)
     fig.tight_layout()
     path = out / "sweep.png"

@@ -1,6 +1,7 @@
 """torch.onnx (dynamo, opset 24) export of the split modules, with names and axes from io_names."""
 from __future__ import annotations
 
+import logging
 import warnings
 from pathlib import Path
 
@@ -31,6 +32,9 @@ def _export(module, args, names, path: Path, dynamic_shapes, opset: int = OPSET)
 
     inputs, outputs = names
     split.EXPORT_OPSET["value"] = opset
+    # torch's exporter logs once per export that torchvision, which a decoder never uses, is absent
+    # (torch re-initialises its loggers on import, so this is set here, not in the CLI)
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(

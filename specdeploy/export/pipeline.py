@@ -89,6 +89,7 @@ def export(config: ExportConfig, echo: Callable[[str], None] = print, calibratio
         from ..prompts import load_calibration_prompts
 
         load_calibration_prompts(config.prompts_file)
+    echo(f"loading {config.source}")
     model, tokenizer = load(config.source)
     config.check_layers(model.config.num_hidden_layers)
     with staging_dir(output, ".export-") as staging:
@@ -100,7 +101,7 @@ def export(config: ExportConfig, echo: Callable[[str], None] = print, calibratio
         else:
             from .writer import write_bundle
 
-            write_bundle(model, tokenizer, config, staging)
+            write_bundle(model, tokenizer, config, staging, echo=echo)
         final = _quantized(staging, config, echo) if config.quantized else staging
         if config.backend == "tensorrt":
             from ..backends.tensorrt.build import build_engines

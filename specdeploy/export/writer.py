@@ -5,7 +5,6 @@ a directory it is given (a staging directory that is installed once whole).
 """
 from __future__ import annotations
 
-import logging
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -14,8 +13,6 @@ from pathlib import Path
 from ..bundle import io_names
 from ..bundle import manifest as manifest_io
 from ..bundle.manifest import GraphInfo, Manifest
-
-log = logging.getLogger("specdeploy")
 
 
 def decoder_graphs(k: int, num_layers: int) -> dict[str, GraphInfo]:
@@ -100,7 +97,7 @@ def _with_draft_head(manifest: Manifest, draft: DraftHead | None, staging: Path)
 
 
 def write_bundle(model, tokenizer, config, staging: Path, draft: DraftHead | None = None,
-                 calibration: dict | None = None) -> Manifest:
+                 calibration: dict | None = None, echo=lambda line: None) -> Manifest:
     """Export every graph of `config`'s split into the empty directory `staging` and validate it.
 
     `config` is an ExportConfig whose exit layer and draft length are decided (not "auto").
@@ -108,7 +105,7 @@ def write_bundle(model, tokenizer, config, staging: Path, draft: DraftHead | Non
     from .validate import validate_bundle
 
     manifest = build_manifest(model, tokenizer, config, Path(config.source).name)
-    log.info("exporting %s: exit layer %d of %d", manifest.model.name, config.exit_layer, manifest.model.num_layers)
+    echo(f"exporting draft, verify and head graphs: exit layer {config.exit_layer} of {manifest.model.num_layers}")
     manifest = _with_draft_head(manifest, draft, staging)
     adapter, vocab_ids = (draft.adapter, draft.vocab_ids) if draft else (None, None)
     sizes = write_graphs(model, manifest, staging, adapter, vocab_ids)
@@ -117,6 +114,8 @@ def write_bundle(model, tokenizer, config, staging: Path, draft: DraftHead | Non
              "source": str(Path(config.source).resolve())}
     manifest = manifest.replace(tokenizer=tok, chat_template=template, extra=extra, calibration=calibration)
     if config.validate:
-        extra["validation_max_abs_diff"] = validate_bundle(model, staging, manifest, adapter, vocab_ids)
+        diffs = validate_bundle(model, staging, manifest, adapter, vocab_ids)
+        extra["validation_max_abs_diff"] = diffs
+        echo(f"validated against the PyTorch reference: max |logit difference| {max(diffs.values()):.2g}")
     manifest_io.write(staging, manifest)
     return manifest

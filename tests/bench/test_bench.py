@@ -75,3 +75,14 @@ def _one_prompt(tmp_path):
     f = tmp_path / "one.jsonl"
     f.write_text(json.dumps({"category": "c", "prompt": "w3 w4"}) + "\n")
     return f
+
+
+def test_sweep_colours_use_meaningful_ranges():
+    import numpy as np
+
+    from specdeploy.bench.report import heat_scale
+
+    assert heat_scale("acceptance_rate", np.array([[0.34, 0.36]])) == ("viridis", 0.0, 1.0)
+    cmap, low, high = heat_scale("measured_speedup", np.array([[0.98, 1.02, np.nan]]))
+    assert (low, high) == (0.75, 1.25) and cmap == "RdBu"  # centred on plain decoding
+    assert heat_scale("measured_speedup", np.array([[0.5, 1.9]]))[1:] == pytest.approx((0.1, 1.9))

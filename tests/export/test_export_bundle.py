@@ -138,3 +138,14 @@ def test_interrupted_export_leaves_existing_bundle_untouched(tiny_bundle, tiny_m
         export(ExportConfig(source=tiny_model_dir, exit_layer=1, max_context=64, output=existing))
     assert {p.name: p.read_bytes() for p in existing.iterdir() if p.is_file()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["existing"]
+
+
+def test_export_shows_progress_not_exporter_noise(tiny_model_dir, tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "specdeploy.cli", "export", str(tiny_model_dir), "--exit-layer", "1",
+                           "--max-context", "64", "--output", str(tmp_path / "b")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "torchvision" not in proc.stdout + proc.stderr
+    assert "exporting draft, verify and head graphs" in proc.stdout and "validated against" in proc.stdout
