@@ -184,7 +184,7 @@ def _sweep_plot(grid, out: Path, plt) -> Path:
         for (i, j), v in np.ndenumerate(data):
             if np.isfinite(v):
                 shade = (v - vmin) / (vmax - vmin)
-                dark = shade < 0.35 if key == "acceptance_rate" else abs(shade - 0.5) > 0.3
+                dark = shade < 0.6 if key == "acceptance_rate" else abs(shade - 0.5) > 0.3
                 ax.text(j, i, label.format(v), ha="center", va="center", fontsize=8, color="w" if dark else "k")
         fig.colorbar(im, ax=ax)
     fig.tight_layout()
