@@ -89,9 +89,9 @@ def export(config: ExportConfig, echo: Callable[[str], None] = print, calibratio
         from ..prompts import load_calibration_prompts
 
         load_calibration_prompts(config.prompts_file)
-    echo(f"loading {config.source}")
     model, tokenizer = load(config.source)
     config.check_layers(model.config.num_hidden_layers)
+    echo(f"loaded {config.source.name}: {model.config.model_type}, {model.config.num_hidden_layers} layers")
     with staging_dir(output, ".export-") as staging:
         if config.needs_calibration:
             from ..calibration.steps import CalibrationConfig
