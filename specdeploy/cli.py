@@ -277,5 +277,23 @@ def bench(bundle, prompts_file, quick, max_tokens, repeats, prompts_per_category
     click.echo("wrote " + ", ".join(str(f) for f in files))
 
 
+@main.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--output", "-o", type=click.Path(path_type=Path), required=True, help="Model repository directory.")
+@click.option("--name", default="specdeploy", show_default=True, help="Model name in the repository.")
+@click.option("--instances", default=1, show_default=True, help="Engines per node (instance_group count).")
+@click.option("--max-queue", default=8, show_default=True, help="Requests that may wait per instance.")
+@click.option("--threads", type=int, default=None, help="ONNX Runtime threads per instance (default: all cores).")
+@click.option("--copy", is_flag=True, help="Copy the bundle into the repository instead of referencing it.")
+@click.option("--site-packages", default=None,
+              help="Extra import paths for Triton's Python stub (colon-separated), where specdeploy and numpy<2 live.")
+def triton(bundle, output, name, instances, max_queue, threads, copy, site_packages):
+    """Write a Triton Inference Server model repository (Python backend, decoupled) for BUNDLE."""
+    from .triton.repository import TritonConfig, write_repository
+
+    config = TritonConfig(bundle, output, name, instances, max_queue, threads, copy, site_packages)
+    click.echo(f"model repository written: {write_repository(config)}")
+
+
 if __name__ == "__main__":
     main()

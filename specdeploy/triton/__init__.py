@@ -1,0 +1,1 @@
+"""Triton Inference Server: a model repository (Python backend, decoupled) over one bundle."""

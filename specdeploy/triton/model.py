@@ -1,0 +1,132 @@
+"""Triton Python-backend model over one specdeploy bundle (copied as NAME/1/model.py).
+
+The draft-verify-accept loop runs in-process with its KV buffers; Triton sees one request per
+generation and, decoupled, streams one response per text piece. Module level imports only the
+standard library: Triton's stub imports this file before `initialize` has made the environment
+with specdeploy and numpy importable (the `site_packages` parameter).
+"""
+import json
+import queue
+import sys
+import threading
+
+FIELDS = {  # optional inputs -> (GenerationConfig field, python type)
+    "max_tokens": ("max_new_tokens", int), "temperature": ("temperature", float), "top_p": ("top_p", float),
+    "top_k": ("top_k", int), "seed": ("seed", int), "speculative": ("speculative", bool),
+    "num_draft_tokens": ("num_draft_tokens", int), "draft_source": ("draft_source", str),
+    "ignore_eos": ("ignore_eos", bool),
+}
+
+
+def _parameter(config: dict, name: str, default=None):
+    return config.get("parameters", {}).get(name, {}).get("string_value") or default
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        for path in filter(None, (_parameter(config, "site_packages") or "").split(":")):
+            sys.path.insert(0, path)
+        global np, pb_utils
+        import numpy as np
+        import triton_python_backend_utils as pb_utils
+
+        from specdeploy.runtime.engine import Engine
+
+        threads = int(_parameter(config, "threads", "0")) or None
+        self.engine = Engine(_parameter(config, "bundle"), threads=threads)
+        self.default_max_tokens = int(_parameter(config, "default_max_tokens", "256"))
+        self.jobs = queue.Queue(maxsize=int(_parameter(config, "max_queue", "8")))
+        self.worker = threading.Thread(target=self._run, daemon=True)
+        self.worker.start()
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                job = self._parse(request)
+            except Exception as exc:  # a bad request gets an error response; the model keeps serving
+                self._fail(sender, f"bad request: {exc}")
+                continue
+            try:
+                self.jobs.put_nowait((request, sender, *job))
+            except queue.Full:
+                self._fail(sender, "the model's request queue is full; retry later")
+        return None
+
+    def _value(self, request, name):
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        if tensor is None:
+            return None
+        value = tensor.as_numpy().reshape(-1)
+        if value.size == 0:
+            return None
+        item = value[0]
+        return item.decode() if isinstance(item, bytes) else item.item() if hasattr(item, "item") else item
+
+    def _parse(self, request):
+        from specdeploy.config import GenerationConfig
+
+        text, messages = self._value(request, "text_input"), self._value(request, "messages")
+        if messages is not None:
+            prompt = json.loads(messages)
+        elif text:
+            prompt = text
+        else:
+            raise ValueError("'text_input' (a non-empty string) or 'messages' (a JSON list) is required")
+        options = {"max_new_tokens": self.default_max_tokens}
+        for name, (field, kind) in FIELDS.items():
+            value = self._value(request, name)
+            if value is not None:
+                options[field] = kind(value)
+        stop = pb_utils.get_input_tensor_by_name(request, "stop")
+        if stop is not None:
+            options["stop"] = tuple(s.decode() for s in stop.as_numpy().reshape(-1))
+        stream = bool(self._value(request, "stream") or False)
+        config = GenerationConfig(**options)
+        ids = self.engine.encode_prompt(prompt)
+        self.engine.check_fits(ids, config)
+        return ids, config, stream
+
+    def _fail(self, sender, message):
+        sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message)),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def _tensor(self, name, value, dtype):
+        return pb_utils.Tensor(name, np.array([value], dtype=dtype))
+
+    def _run(self):
+        from specdeploy.runtime.stats import GenerationStats
+
+        while True:
+            request, sender, ids, config, stream = self.jobs.get()
+            stats, text = GenerationStats(), []
+            try:
+                for piece in self.engine.stream_ids(ids, config, stats):
+                    if request.is_cancelled():
+                        stats.finish_reason = "cancelled"
+                        break
+                    if stream:
+                        sender.send(pb_utils.InferenceResponse([self._tensor("text_output", piece.text.encode(), object)]))
+                    else:
+                        text.append(piece.text)
+                sender.send(self._final("".join(text), stats, self.engine.settings(config).label),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            except Exception as exc:  # reported to the request, never ends the worker
+                self._fail(sender, f"generation failed: {exc}")
+
+    def _final(self, text, stats, source):
+        d = stats.to_dict()
+        return pb_utils.InferenceResponse([
+            self._tensor("text_output", text.encode(), object),
+            self._tensor("finish_reason", stats.finish_reason.encode(), object),
+            self._tensor("draft_source", source.encode(), object),
+            self._tensor("completion_tokens", d["generated_tokens"], np.int32),
+            self._tensor("draft_tokens", d["draft_tokens"], np.int32),
+            self._tensor("accepted_tokens", d["accepted_tokens"], np.int32),
+            self._tensor("acceptance_rate", d["acceptance_rate"], np.float32),
+            self._tensor("tokens_per_round", d["tokens_per_round"], np.float32),
+        ])
+
+    def finalize(self):
+        self.engine.close()

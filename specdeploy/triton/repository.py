@@ -1,0 +1,84 @@
+"""`specdeploy triton`: a Triton model repository (config.pbtxt + model.py) over one bundle.
+
+Inputs and outputs follow Triton's LLM conventions (`text_input`, `text_output`, `stream`, the
+sampling parameters as optional inputs), so its `generate` / `generate_stream` endpoints work
+unchanged. The model is decoupled: one request, many responses.
+"""
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..bundle import manifest as manifest_io
+from ..errors import ConfigError
+
+MODEL_FILE = Path(__file__).with_name("model.py")
+# (name, Triton type); all inputs optional (text_input or messages is required, checked by the model)
+INPUTS = [("text_input", "TYPE_STRING"), ("messages", "TYPE_STRING"), ("stream", "TYPE_BOOL"),
+          ("max_tokens", "TYPE_INT32"), ("temperature", "TYPE_FP32"), ("top_p", "TYPE_FP32"),
+          ("top_k", "TYPE_INT32"), ("seed", "TYPE_INT64"), ("stop", "TYPE_STRING"),
+          ("speculative", "TYPE_BOOL"), ("num_draft_tokens", "TYPE_INT32"), ("draft_source", "TYPE_STRING"),
+          ("ignore_eos", "TYPE_BOOL")]
+OUTPUTS = [("text_output", "TYPE_STRING"), ("finish_reason", "TYPE_STRING"), ("draft_source", "TYPE_STRING"),
+           ("completion_tokens", "TYPE_INT32"), ("draft_tokens", "TYPE_INT32"), ("accepted_tokens", "TYPE_INT32"),
+           ("acceptance_rate", "TYPE_FP32"), ("tokens_per_round", "TYPE_FP32")]
+
+
+@dataclass(frozen=True)
+class TritonConfig:
+    bundle: Path
+    output: Path
+    name: str = "specdeploy"
+    instances: int = 1            # engines per node, each with its own KV buffers
+    max_queue: int = 8            # requests waiting per instance; more get an error response
+    threads: int | None = None    # ONNX Runtime intra-op threads per instance (None: all cores)
+    copy: bool = False            # copy the bundle into the repository instead of referencing it
+    site_packages: str | None = None  # extra paths for Triton's Python stub (specdeploy, numpy<2, onnxruntime)
+
+    def __post_init__(self):
+        if not self.name or any(c in self.name for c in "/\\ "):
+            raise ConfigError(f"--name {self.name!r} must be a non-empty name without spaces or slashes")
+        if self.instances < 1 or self.max_queue < 1:
+            raise ConfigError("--instances and --max-queue must be >= 1")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"--threads {self.threads} must be >= 1")
+
+
+def _io(kind: str, entries, optional: bool) -> str:
+    rows = []
+    for name, dtype in entries:
+        extra = " optional: true" if optional else ""  # text_input or messages: the model checks
+        rows.append(f'  {{ name: "{name}" data_type: {dtype} dims: [ {"-1" if name == "stop" else "1"} ]{extra} }}')
+    return f"{kind} [\n" + ",\n".join(rows) + "\n]"
+
+
+def config_pbtxt(config: TritonConfig, bundle_path: str) -> str:
+    params = {"bundle": bundle_path, "max_queue": str(config.max_queue), "threads": str(config.threads or 0),
+              "site_packages": config.site_packages or ""}
+    parameters = "\n".join(f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}' for k, v in params.items())
+    return "\n".join([
+        f'name: "{config.name}"', 'backend: "python"', "max_batch_size: 0",
+        _io("input", INPUTS, optional=True), _io("output", OUTPUTS, optional=False),
+        "model_transaction_policy { decoupled: true }",
+        f"instance_group [ {{ count: {config.instances} kind: KIND_CPU }} ]", parameters, "",
+    ])
+
+
+def write_repository(config: TritonConfig) -> Path:
+    """Write NAME/config.pbtxt and NAME/1/model.py under `config.output`; returns the model directory."""
+    bundle = Path(config.bundle).resolve()
+    manifest_io.read(bundle)  # a bad bundle is refused here, not when Triton loads it
+    model_dir = Path(config.output).resolve() / config.name
+    if model_dir.exists():
+        shutil.rmtree(model_dir)
+    (model_dir / "1").mkdir(parents=True)
+    shutil.copy(MODEL_FILE, model_dir / "1" / "model.py")
+    if config.copy:
+        shutil.copytree(bundle, model_dir / "bundle")
+        bundle_path = str(model_dir / "bundle")
+    else:
+        bundle_path = str(bundle)
+    (model_dir / "config.pbtxt").write_text(config_pbtxt(config, bundle_path))
+    return model_dir
+
