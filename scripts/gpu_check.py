@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdeploy.bench.prompts import PASSAGES
+from specdeploy.prompts import PASSAGES
 from specdeploy.config import GenerationConfig
 from specdeploy.quantization.quality import teacher_forced_logits
 from specdeploy.runtime.engine import Engine

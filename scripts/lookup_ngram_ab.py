@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from specdeploy import Engine, GenerationConfig
-from specdeploy.bench.prompts import builtin
+from specdeploy.prompts import bench_prompts
 from specdeploy.runtime.timing import run_modes
 
 
@@ -28,7 +28,7 @@ def main() -> None:
     modes.update({name: GenerationConfig(draft_source="lookup", lookup_ngram=ngram, **base)
                   for name, ngram in ranges.items()})
     with Engine(args.bundle) as engine:
-        for category, prompts in builtin().items():
+        for category, prompts in bench_prompts().items():
             ids = [engine.encode_prompt([{"role": "user", "content": p}])
                    for p in prompts[: args.prompts_per_category]]
             results = run_modes(engine, ids, modes, args.repeats)

@@ -29,42 +29,9 @@ from ..bundle import io_names
 from ..bundle import manifest as manifest_io
 from ..constants import PRECISIONS
 from ..errors import ConfigError, require
+from .rewrites import drop_activation_qdq, float_matmuls, fold_weight_transposes, int8_weights_to_fp8, to_fp16
 
 log = logging.getLogger("specdeploy")
-KEEP_FLOAT = ("down_proj",)  # MatMuls whose weights' names contain these stay in float
-
-
-def _float_matmuls(model, keep=KEEP_FLOAT) -> list[str]:
-    """Names of MatMul nodes whose weight (directly or through a Transpose) is one to keep in float."""
-    inits = {t.name for t in model.graph.initializer if any(k in t.name for k in keep)}
-    transposed = {n.output[0] for n in model.graph.node if n.op_type == "Transpose" and n.input[0] in inits}
-    return [n.name for n in model.graph.node
-            if n.op_type == "MatMul" and any(i in inits or i in transposed for i in n.input)]
-
-
-def _fold_weight_transposes(model) -> None:
-    """Replace Transpose(initializer) with the transposed initializer, so quantizers see weights.
-
-    The export keeps weights untransposed (so a tied LM head is stored once); a quantized weight is
-    a new tensor anyway, and a quantizer only recognises a MatMul weight that is an initializer.
-    """
-    from onnx import numpy_helper
-
-    inits = {t.name: t for t in model.graph.initializer}
-    keep = []
-    for node in model.graph.node:
-        if node.op_type == "Transpose" and node.input[0] in inits:
-            perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
-            data = numpy_helper.to_array(inits[node.input[0]])
-            model.graph.initializer.append(numpy_helper.from_array(np.transpose(data, perm), node.output[0]))
-        else:
-            keep.append(node)
-    del model.graph.node[:]
-    model.graph.node.extend(keep)
-    used = {i for n in model.graph.node for i in n.input}
-    unused = [t for t in model.graph.initializer if t.name not in used]
-    for t in unused:
-        model.graph.initializer.remove(t)
 
 
 class _Reader:
@@ -123,8 +90,8 @@ def _quantize_static(src: Path, dst: Path, reader, precision: str) -> None:
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     model = onnx.load(str(src))
-    keep_float = _float_matmuls(model)
-    _fold_weight_transposes(model)
+    keep_float = float_matmuls(model)
+    fold_weight_transposes(model)
     quantize_static(
         model, str(dst), reader, quant_format=QuantFormat.QDQ, op_types_to_quantize=["MatMul"],
         per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
@@ -132,99 +99,12 @@ def _quantize_static(src: Path, dst: Path, reader, precision: str) -> None:
         calibrate_method=CalibrationMethod.MinMax, extra_options={"WeightSymmetric": True},
     )
     model = onnx.load(str(dst))
-    _drop_activation_qdq(model)  # weight-only: see _drop_activation_qdq
+    drop_activation_qdq(model)  # weight-only: see rewrites.drop_activation_qdq
     if precision == "fp8":
-        _int8_weights_to_fp8(model)
+        int8_weights_to_fp8(model)
     dst.unlink()
     for data in dst.parent.glob(dst.name + "*.data"):
         data.unlink()
-    onnx.save(model, str(dst), save_as_external_data=True, location=dst.name + ".data")
-
-
-E4M3_MAX = 448.0
-
-
-def _drop_activation_qdq(model) -> None:
-    """Remove activation Quantize/Dequantize pairs, keeping weight-only dequantization.
-
-    Quantizing activations on a coarse FP8 grid turns the last-bit differences between a one-row
-    and a many-row matmul into whole quantization steps; weight-only FP8 keeps the verify pass
-    batch-invariant, so greedy speculative output stays identical to plain output.
-    """
-    from onnx import helper
-
-    producers = {n.output[0]: n for n in model.graph.node if n.op_type == "QuantizeLinear"}
-    nodes, dropped = [], set()
-    for node in model.graph.node:
-        if node.op_type == "DequantizeLinear" and node.input[0] in producers:
-            q = producers[node.input[0]]
-            dropped.add(id(q))
-            nodes.append(helper.make_node("Identity", [q.input[0]], [node.output[0]], name=node.name + "_fp"))
-        else:
-            nodes.append(node)
-    del model.graph.node[:]
-    model.graph.node.extend(n for n in nodes if id(n) not in dropped)
-    used = {i for n in model.graph.node for i in n.input}
-    for t in [t for t in model.graph.initializer if t.name not in used]:
-        model.graph.initializer.remove(t)
-
-
-def _int8_weights_to_fp8(model):
-    """Turn the INT8 weight dequantization into FLOAT8E4M3FN with per-channel scales."""
-    import ml_dtypes
-    from onnx import numpy_helper
-
-    inits = {t.name: t for t in model.graph.initializer}
-
-    def replace(name, array):
-        new = numpy_helper.from_array(array, name)
-        inits[name].CopyFrom(new)
-
-    done = set()
-    for node in model.graph.node:
-        if node.op_type not in ("QuantizeLinear", "DequantizeLinear") or node.input[1] in done:
-            continue
-        x, scale, zero = node.input[0], node.input[1], node.input[2]
-        s = numpy_helper.to_array(inits[scale]).astype(np.float32)
-        if node.op_type == "DequantizeLinear" and x in inits:  # a weight: re-quantize per channel
-            axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
-            w = numpy_helper.to_array(inits[x]).astype(np.float32) * np.expand_dims(s, 1 - axis if s.ndim else 0)
-            amax = np.abs(w).max(axis=1 - axis, keepdims=True)
-            new_s = np.maximum(amax, 1e-12) / E4M3_MAX
-            replace(x, (w / new_s).astype(ml_dtypes.float8_e4m3fn))
-            replace(scale, new_s.reshape(s.shape).astype(np.float32))
-        else:
-            continue
-        replace(zero, np.zeros(numpy_helper.to_array(inits[zero]).shape, ml_dtypes.float8_e4m3fn))
-        done.add(scale)
-    return model
-
-
-def _to_fp16(src: Path, dst: Path) -> None:
-    """FP16 weights with FP32 activations and KV: each weight is stored in float16 behind a Cast.
-
-    Float16 activations round every intermediate result, which turns the last-bit differences
-    between a one-row and a many-row matmul into different tokens (measured on the example model:
-    an exact float16 tie between the top two logits, broken differently by plain and speculative
-    decoding). Weight-only float16 halves the weights and keeps greedy identity; ONNX Runtime folds
-    the casts when it loads the graph.
-    """
-    import onnx
-    from onnx import helper, numpy_helper
-
-    model = onnx.load(str(src))
-    casts = []
-    for tensor in model.graph.initializer:
-        if tensor.data_type != onnx.TensorProto.FLOAT or np.prod(tensor.dims) < 1024:
-            continue
-        name = tensor.name
-        half = numpy_helper.from_array(numpy_helper.to_array(tensor).astype(np.float16), name + ".fp16")
-        tensor.CopyFrom(half)
-        casts.append(helper.make_node("Cast", [name + ".fp16"], [name], to=onnx.TensorProto.FLOAT,
-                                      name=name + ".cast"))
-    nodes = casts + list(model.graph.node)
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
     onnx.save(model, str(dst), save_as_external_data=True, location=dst.name + ".data")
 
 
@@ -260,7 +140,7 @@ def quantize_bundle(bundle: Path, precision: str, draft_precision: str | None = 
             if plan[name] in ("int8", "fp8"):
                 _quantize_static(src, dst, _Reader(feeds[name]), plan[name])
             elif plan[name] == "fp16":
-                _to_fp16(src, dst)
+                to_fp16(src, dst)
             files[Path(graph.file).stem] = dst if plan[name] != "fp32" else src
             echo(f"{name}: {plan[name]}")
         out = tmp / "bundle"

@@ -3,7 +3,6 @@ import asyncio
 import threading
 
 import httpx
-import pytest
 
 from specdeploy.serve.app import Server
 

@@ -1,0 +1,19 @@
+"""The scripts and examples import only names the package has (they are not run by every test)."""
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FILES = sorted([*ROOT.glob("scripts/*.py"), *ROOT.glob("examples/*.py"), ROOT / "specdeploy" / "triton" / "model.py"])
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_imports_of_specdeploy_resolve(path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "specdeploy":
+            module = importlib.import_module(node.module)
+            for alias in node.names:
+                assert hasattr(module, alias.name) or importlib.util.find_spec(f"{node.module}.{alias.name}"), \
+                    f"{path.name}: {node.module} has no {alias.name}"
