@@ -45,8 +45,10 @@ class Decoder:
     def settings(self, config: GenerationConfig) -> DecodeSettings:
         return resolve(config, self.model.manifest)
 
-    def check_fits(self, prompt_len: int, config: GenerationConfig) -> None:
-        """Refuse, before any work, a generation the bundle's buffers or engines cannot hold."""
+    def check_fits(self, prompt_len: int, config: GenerationConfig) -> DecodeSettings:
+        """Refuse, before any work, a generation the bundle's buffers or engines cannot hold.
+
+        Returns the resolved settings the check was made for (the generation runs with them)."""
         if prompt_len == 0:
             raise ConfigError("the prompt is empty; pass at least one token of text")
         if prompt_len + config.max_new_tokens > self.model.max_context:
@@ -66,9 +68,9 @@ class Decoder:
             raise ConfigError(
                 f"num_draft_tokens={settings.num_draft_tokens} needs {settings.num_draft_tokens + 1} rows per "
                 f"verify pass, more than the {self.model.max_rows} the engines were built for; lower it or "
-                f"rebuild them with 'specdeploy build-engines BUNDLE --max-draft-tokens "
-                f"{settings.num_draft_tokens}'"
+                f"rebuild them with 'specdeploy build-engines BUNDLE --max-prompt {settings.num_draft_tokens + 1}'"
             )
+        return settings
 
     def _next(self, logits: np.ndarray, params: SamplingParams, rng) -> int:
         """Token from one full-model logits row [V]."""
@@ -80,8 +82,7 @@ class Decoder:
                  stats: GenerationStats | None = None) -> Iterator[Emitted]:
         """Yield committed tokens step by step; stops at EOS (not yielded) or max_new_tokens."""
         stats = stats if stats is not None else GenerationStats()
-        self.check_fits(len(prompt), config)
-        settings, rng = self.settings(config), np.random.default_rng(config.seed)
+        settings, rng = self.check_fits(len(prompt), config), np.random.default_rng(config.seed)
         drafter = self.drafters[settings.draft_source]
         stats.prompt_tokens = len(prompt)
         began = time.perf_counter()

@@ -3,15 +3,18 @@ import pytest
 from specdeploy.config import GenerationConfig
 from specdeploy.errors import ConfigError
 from specdeploy.runtime.engine import _StopFilter
+from specdeploy.runtime.stats import GenerationStats
 
 
 def test_stream_concatenates_to_generate(tiny_engine):
     cfg = GenerationConfig(max_new_tokens=20, ignore_eos=True)
-    pieces = list(tiny_engine.stream("w3 w4 w5", cfg))
+    stats = GenerationStats()
+    pieces = list(tiny_engine.stream("w3 w4 w5", cfg, stats))
     result = tiny_engine.generate("w3 w4 w5", cfg)
     assert "".join(p.text for p in pieces) == result.text
     assert result.finish_reason == "length" and result.stats.generated_tokens == 20
-    assert any(p.drafted for p in pieces) or result.stats.accepted == 0
+    # the hybrid's timed choices differ between the two runs; each piece's flag matches its own run
+    assert sum(p.drafted for p in pieces) == stats.accepted
 
 
 def test_stop_string_cuts_text_and_reports_stop(tiny_engine):
