@@ -3,7 +3,7 @@
 # The playground test drives Debian's chromium through Playwright: install it when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -x .venv/bin/pytest ] && .venv/bin/python -c "import playwright" 2>/dev/null || scripts/setup.sh
+[ -x .venv/bin/pytest ] && .venv/bin/python -c "import playwright, tritonclient.grpc, yaml" 2>/dev/null || scripts/setup.sh
 if ! command -v chromium >/dev/null 2>&1; then
     SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
     $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium >/dev/null

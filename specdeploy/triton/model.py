@@ -22,6 +22,32 @@ def _parameter(config: dict, name: str, default=None):
     return config.get("parameters", {}).get(name, {}).get("string_value") or default
 
 
+class _Metrics:
+    """Custom metrics on Triton's /metrics: finished generations by reason, tokens, queue depth."""
+
+    def __init__(self, model: str, instance: str):
+        self.labels = {"model": model, "instance": instance}
+        self.family = pb_utils.MetricFamily(
+            name="specdeploy_requests_finished_total", kind=pb_utils.MetricFamily.COUNTER,
+            description="Generations ended, by reason (stop, length, cancelled, error, queue_full)")
+        # families must outlive their metrics, so both are kept here
+        self.token_family = pb_utils.MetricFamily(
+            name="specdeploy_generation_tokens_total", kind=pb_utils.MetricFamily.COUNTER,
+            description="Tokens generated, cancelled generations included")
+        self.depth_family = pb_utils.MetricFamily(
+            name="specdeploy_queue_depth", kind=pb_utils.MetricFamily.GAUGE,
+            description="Requests waiting for this instance's engine")
+        self.tokens = self.token_family.Metric(labels=self.labels)
+        self.queue_depth = self.depth_family.Metric(labels=self.labels)
+        self.reasons = {}
+
+    def finished(self, reason: str, tokens: int = 0) -> None:
+        if reason not in self.reasons:
+            self.reasons[reason] = self.family.Metric(labels={**self.labels, "reason": reason})
+        self.reasons[reason].increment(1)
+        self.tokens.increment(tokens)
+
+
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
@@ -37,6 +63,7 @@ class TritonPythonModel:
         self.engine = Engine(_parameter(config, "bundle"), threads=threads)
         self.default_max_tokens = int(_parameter(config, "default_max_tokens", "256"))
         self.jobs = queue.Queue(maxsize=int(_parameter(config, "max_queue", "8")))
+        self.metrics = _Metrics(args["model_name"], args["model_instance_name"])
         self.worker = threading.Thread(target=self._run, daemon=True)
         self.worker.start()
 
@@ -51,7 +78,9 @@ class TritonPythonModel:
             try:
                 self.jobs.put_nowait((request, sender, *job))
             except queue.Full:
+                self.metrics.finished("queue_full")
                 self._fail(sender, "the model's request queue is full; retry later")
+            self.metrics.queue_depth.set(self.jobs.qsize())
         return None
 
     def _value(self, request, name):
@@ -89,31 +118,40 @@ class TritonPythonModel:
         return ids, config, stream
 
     def _fail(self, sender, message):
-        sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message)),
-                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        try:
+            sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message)),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception:  # the client is gone (cancelled): nobody to tell
+            pass
 
     def _tensor(self, name, value, dtype):
         return pb_utils.Tensor(name, np.array([value], dtype=dtype))
 
     def _run(self):
-        from specdeploy.runtime.stats import GenerationStats
-
         while True:
             request, sender, ids, config, stream = self.jobs.get()
-            stats, text = GenerationStats(), []
+            self.metrics.queue_depth.set(self.jobs.qsize())
             try:
-                for piece in self.engine.stream_ids(ids, config, stats):
-                    if request.is_cancelled():
-                        stats.finish_reason = "cancelled"
-                        break
-                    if stream:
-                        sender.send(pb_utils.InferenceResponse([self._tensor("text_output", piece.text.encode(), object)]))
-                    else:
-                        text.append(piece.text)
-                sender.send(self._final("".join(text), stats, self.engine.settings(config).label),
-                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                self._generate(request, sender, ids, config, stream)
             except Exception as exc:  # reported to the request, never ends the worker
+                self.metrics.finished("error")
                 self._fail(sender, f"generation failed: {exc}")
+
+    def _generate(self, request, sender, ids, config, stream):
+        from specdeploy.runtime.stats import GenerationStats
+
+        stats, text = GenerationStats(), []
+        for piece in self.engine.stream_ids(ids, config, stats):
+            if request.is_cancelled():  # the client went away: free the engine now
+                self.metrics.finished("cancelled", stats.generated_tokens)
+                return
+            if stream:
+                sender.send(pb_utils.InferenceResponse([self._tensor("text_output", piece.text.encode(), object)]))
+            else:
+                text.append(piece.text)
+        self.metrics.finished(stats.finish_reason, stats.generated_tokens)
+        sender.send(self._final("".join(text), stats, self.engine.settings(config).label),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def _final(self, text, stats, source):
         d = stats.to_dict()

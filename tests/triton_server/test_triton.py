@@ -1,5 +1,8 @@
 """A real Triton Inference Server (the nvidia-pytriton wheel's tritonserver) over `specdeploy triton`."""
+import contextlib
+import functools
 import json
+import queue
 import shutil
 import socket
 import subprocess
@@ -24,40 +27,62 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def triton(tiny_bundle, tmp_path_factory):
-    setup = subprocess.run([str(ROOT / "scripts" / "setup_triton.sh")], capture_output=True, text=True)
-    if setup.returncode != 0:
+@functools.cache
+def _setup() -> subprocess.CompletedProcess:
+    return subprocess.run([str(ROOT / "scripts" / "setup_triton.sh")], capture_output=True, text=True)
+
+
+def _setup_or_skip():
+    """Skip only where the wheel cannot be installed (exit 3); any other set-up failure fails."""
+    setup = _setup()
+    if setup.returncode == 3:
         pytest.skip(f"the nvidia-pytriton wheel could not be installed: {setup.stderr.strip().splitlines()[-1:]}")
-    repo = tmp_path_factory.mktemp("triton") / "repo"
-    result = CliRunner().invoke(main, ["triton", str(tiny_bundle), "-o", str(repo), "--instances", "2",
-                                       "--threads", "1", "--max-queue", "8"])
+    assert setup.returncode == 0, f"scripts/setup_triton.sh failed: {setup.stderr[-2000:]}"
+
+
+@contextlib.contextmanager
+def running_triton(bundle, root: Path, *options):
+    """`specdeploy triton BUNDLE` then a tritonserver over it on free loopback ports."""
+    _setup_or_skip()
+    repo = root / "repo"
+    result = CliRunner().invoke(main, ["triton", str(bundle), "-o", str(repo), *options])
     assert result.exit_code == 0, result.output
     http, grpc, metrics = _port(), _port(), _port()
-    log = open(repo.parent / "tritonserver.log", "w")
-    proc = subprocess.Popen([str(ROOT / "scripts" / "tritonserver.sh"), str(repo), "--http-port", str(http),
-                             "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--strict-model-config=true"],
-                            stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{http}"
-    try:
-        deadline = time.time() + 120
-        while time.time() < deadline and proc.poll() is None:
-            try:
-                if httpx.get(url + "/v2/health/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        else:
-            pytest.fail(f"tritonserver did not become ready: {(repo.parent / 'tritonserver.log').read_text()[-2000:]}")
-        yield {"url": url, "metrics": f"http://127.0.0.1:{metrics}", "model": url + "/v2/models/specdeploy"}
-    finally:
-        proc.terminate()
+    log_path = root / "tritonserver.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([str(ROOT / "scripts" / "tritonserver.sh"), str(repo), "--http-port", str(http),
+                                 "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+                                 "--strict-model-config=true"], stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{http}"
         try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+            _wait_ready(proc, url, log_path)
+            yield {"url": url, "metrics": f"http://127.0.0.1:{metrics}", "model": url + "/v2/models/specdeploy",
+                   "grpc": f"127.0.0.1:{grpc}"}
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _wait_ready(proc, url, log_path):
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(url + "/v2/health/ready", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"tritonserver did not become ready: {log_path.read_text()[-2000:]}")
+
+
+@pytest.fixture(scope="module")
+def triton(tiny_bundle, tmp_path_factory):
+    with running_triton(tiny_bundle, tmp_path_factory.mktemp("triton"), "--instances", "2", "--threads", "1",
+                        "--max-queue", "8") as server:
+        yield server
 
 
 def _runtime_text(bundle, prompt, **options):
@@ -156,3 +181,110 @@ def test_repository_with_a_copied_bundle(tiny_bundle, tmp_path):
     assert (model / "bundle" / "manifest.json").is_file() and (model / "1" / "model.py").is_file()
     assert str(model / "bundle") in (model / "config.pbtxt").read_text()
     shutil.rmtree(tmp_path / "repo")
+
+
+# ----------------------------------------------------------------------------------- gRPC (tritonclient)
+def _grpc_inputs(prompt: str, **values):
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    kinds = {"max_tokens": ("INT32", np.int32), "temperature": ("FP32", np.float32), "stream": ("BOOL", bool),
+             "ignore_eos": ("BOOL", bool), "speculative": ("BOOL", bool)}
+    text = grpcclient.InferInput("text_input", [1], "BYTES")
+    text.set_data_from_numpy(np.array([prompt.encode()], dtype=object))
+    inputs = [text]
+    for name, value in values.items():
+        kind, dtype = kinds[name]
+        tensor = grpcclient.InferInput(name, [1], kind)
+        tensor.set_data_from_numpy(np.array([value], dtype=dtype))
+        inputs.append(tensor)
+    return inputs
+
+
+class GrpcStream:
+    """One tritonclient gRPC stream; responses (or errors) arrive on a queue."""
+
+    def __init__(self, address: str):
+        import tritonclient.grpc as grpcclient
+
+        self.client, self.responses = grpcclient.InferenceServerClient(address), queue.Queue()
+        self.client.start_stream(callback=lambda result, error: self.responses.put((result, error)))
+
+    def send(self, prompt: str, **values):
+        self.client.async_stream_infer("specdeploy", _grpc_inputs(prompt, **values))
+
+    def until_final(self, timeout=60) -> tuple[list[str], object]:
+        pieces = []
+        while True:
+            result, error = self.responses.get(timeout=timeout)
+            assert error is None, error
+            pieces.append(result.as_numpy("text_output")[0].decode())
+            if result.as_numpy("tokens_per_round") is not None:
+                return pieces, result
+
+    def close(self, cancel=False):
+        self.client.stop_stream(cancel_requests=cancel)
+        self.client.close()
+
+
+def test_grpc_streaming_with_tritonclient_equals_the_runtime(triton, tiny_bundle):
+    stream = GrpcStream(triton["grpc"])
+    try:
+        stream.send("w3 w4 w5", max_tokens=16, temperature=0.0, stream=True)
+        pieces, final = stream.until_final()
+    finally:
+        stream.close()
+    assert len(pieces) > 2 and "".join(pieces) == _runtime_text(tiny_bundle, "w3 w4 w5", max_new_tokens=16)
+    assert final.as_numpy("completion_tokens")[0] == 16 and final.as_numpy("draft_source")[0] == b"hybrid"
+
+
+def _metric(text: str, name: str, **labels) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.split()[-1])
+    return total
+
+
+@pytest.fixture(scope="module")
+def held_triton(long_bundle, tmp_path_factory):
+    """One instance with room for one waiting request, over a 4096-token context."""
+    with running_triton(long_bundle, tmp_path_factory.mktemp("held"), "--instances", "1", "--threads", "1",
+                        "--max-queue", "1") as server:
+        yield server
+
+
+def _wait_metric(server, name, value, timeout=30, **labels):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if _metric(httpx.get(server["metrics"] + "/metrics").text, name, **labels) == value:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{name}{labels} never reached {value}")
+
+
+def test_full_queue_is_refused_and_cancelled_streams_free_the_engine(held_triton):
+    long = dict(max_tokens=4000, ignore_eos=True, stream=True, speculative=False, temperature=0.0)
+    running, waiting = GrpcStream(held_triton["grpc"]), GrpcStream(held_triton["grpc"])
+    try:
+        running.send("w3", **long)
+        running.responses.get(timeout=60)                                 # the engine is generating it
+        waiting.send("w4", **long)
+        _wait_metric(held_triton, "specdeploy_queue_depth", 1)          # the one waiting place is taken
+        refused = httpx.post(held_triton["model"] + "/generate", json={"text_input": "w5", "max_tokens": 4},
+                             timeout=30)
+        assert refused.status_code >= 400 and "queue is full" in refused.json()["error"]
+        running.close(cancel=True)                                      # client 1 leaves
+        waiting.responses.get(timeout=60)                               # so client 2's generation starts
+        waiting.close(cancel=True)
+        _wait_metric(held_triton, "specdeploy_requests_finished_total", 2, reason="cancelled")
+    finally:
+        for stream in (running, waiting):
+            with contextlib.suppress(Exception):
+                stream.close()
+    metrics = httpx.get(held_triton["metrics"] + "/metrics").text
+    assert _metric(metrics, "specdeploy_requests_finished_total", reason="length") == 0  # none ran to the end
+    assert _metric(metrics, "specdeploy_requests_finished_total", reason="queue_full") == 1
+    assert _metric(metrics, "specdeploy_generation_tokens_total") < 2 * 4000
+    ok = httpx.post(held_triton["model"] + "/generate", json={"text_input": "w5", "max_tokens": 4}, timeout=60)
+    assert ok.status_code == 200 and ok.json()["completion_tokens"] == 4
