@@ -6,6 +6,7 @@ standard library: Triton's stub imports this file before `initialize` has made t
 with specdeploy and numpy importable (the `site_packages` parameter).
 """
 import json
+import os
 import queue
 import sys
 import threading
@@ -60,7 +61,11 @@ class TritonPythonModel:
         from specdeploy.runtime.engine import Engine
 
         threads = int(_parameter(config, "threads", "0")) or None
-        self.engine = Engine(_parameter(config, "bundle"), threads=threads)
+        # a relative bundle path (written by --copy) is inside this model's directory, wherever the
+        # repository is mounted (a container's /models, a Kubernetes volume)
+        model_dir = args["model_repository"]  # this model's directory: REPO/NAME
+        bundle = os.path.join(model_dir, _parameter(config, "bundle"))
+        self.engine = Engine(bundle, threads=threads)
         self.default_max_tokens = int(_parameter(config, "default_max_tokens", "256"))
         self.jobs = queue.Queue(maxsize=int(_parameter(config, "max_queue", "8")))
         self.metrics = _Metrics(args["model_name"], args["model_instance_name"])

@@ -76,7 +76,7 @@ def write_repository(config: TritonConfig) -> Path:
     shutil.copy(MODEL_FILE, model_dir / "1" / "model.py")
     if config.copy:
         shutil.copytree(bundle, model_dir / "bundle")
-        bundle_path = str(model_dir / "bundle")
+        bundle_path = "bundle"  # relative: found inside the model directory wherever it is mounted
     else:
         bundle_path = str(bundle)
     (model_dir / "config.pbtxt").write_text(config_pbtxt(config, bundle_path))

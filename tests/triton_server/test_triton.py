@@ -179,7 +179,7 @@ def test_repository_with_a_copied_bundle(tiny_bundle, tmp_path):
     assert result.exit_code == 0, result.output
     model = tmp_path / "repo" / "tiny"
     assert (model / "bundle" / "manifest.json").is_file() and (model / "1" / "model.py").is_file()
-    assert str(model / "bundle") in (model / "config.pbtxt").read_text()
+    assert 'key: "bundle" value: { string_value: "bundle" }' in (model / "config.pbtxt").read_text()
     shutil.rmtree(tmp_path / "repo")
 
 
@@ -248,9 +248,9 @@ def _metric(text: str, name: str, **labels) -> float:
 
 @pytest.fixture(scope="module")
 def held_triton(long_bundle, tmp_path_factory):
-    """One instance with room for one waiting request, over a 4096-token context."""
+    """One instance with room for one waiting request, over a 4096-token context (bundle copied in)."""
     with running_triton(long_bundle, tmp_path_factory.mktemp("held"), "--instances", "1", "--threads", "1",
-                        "--max-queue", "1") as server:
+                        "--max-queue", "1", "--copy") as server:
         yield server
 
 
