@@ -287,12 +287,16 @@ def bench(bundle, prompts_file, quick, max_tokens, repeats, prompts_per_category
 @click.option("--copy", is_flag=True, help="Copy the bundle into the repository instead of referencing it.")
 @click.option("--site-packages", default=None,
               help="Extra import paths for Triton's Python stub (colon-separated), where specdeploy and numpy<2 live.")
-def triton(bundle, output, name, instances, max_queue, threads, copy, site_packages):
+@click.option("--manifests", type=click.Path(path_type=Path), default=None,
+              help="Also write Kubernetes (Deployment, Service, autoscaler) and KServe manifests into this directory.")
+@click.option("--image", default="specdeploy-triton:24.10", show_default=True,
+              help="Container image for the manifests: Triton's plus specdeploy (see the README).")
+def triton(bundle, output, name, instances, max_queue, threads, copy, site_packages, manifests, image):
     """Write a Triton Inference Server model repository (Python backend, decoupled) for BUNDLE."""
     from .triton.repository import TritonConfig, write_repository
 
     config = TritonConfig(bundle, output, name, instances, max_queue, threads, copy, site_packages)
-    click.echo(f"model repository written: {write_repository(config)}")
+    click.echo(f"model repository written: {write_repository(config, manifests, image)}")
 
 
 if __name__ == "__main__":

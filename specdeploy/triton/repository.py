@@ -65,8 +65,11 @@ def config_pbtxt(config: TritonConfig, bundle_path: str) -> str:
     ])
 
 
-def write_repository(config: TritonConfig) -> Path:
-    """Write NAME/config.pbtxt and NAME/1/model.py under `config.output`; returns the model directory."""
+def write_repository(config: TritonConfig, manifests: Path | None = None, image: str = "") -> Path:
+    """Write NAME/config.pbtxt and NAME/1/model.py under `config.output` (and Kubernetes / KServe
+    manifests into `manifests`); returns the model directory."""
+    if manifests is not None and not config.copy:
+        raise ConfigError("--manifests needs --copy: a cluster mounts the repository, which must hold the bundle")
     bundle = Path(config.bundle).resolve()
     manifest_io.read(bundle)  # a bad bundle is refused here, not when Triton loads it
     model_dir = Path(config.output).resolve() / config.name
@@ -80,5 +83,9 @@ def write_repository(config: TritonConfig) -> Path:
     else:
         bundle_path = str(bundle)
     (model_dir / "config.pbtxt").write_text(config_pbtxt(config, bundle_path))
+    if manifests is not None:
+        from .manifests import write_manifests
+
+        write_manifests(config, manifests, image)
     return model_dir
 

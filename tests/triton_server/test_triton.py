@@ -160,6 +160,12 @@ def test_two_instances_serve_eight_concurrent_clients(triton, tiny_bundle):
         assert answers == [engine.generate(p, max_new_tokens=16).text for p in prompts]
 
 
+def test_manifest_probes_answer_on_a_real_server(triton):
+    from specdeploy.triton.manifests import LIVE, READY
+
+    assert httpx.get(triton["url"] + READY).status_code == httpx.get(triton["url"] + LIVE).status_code == 200
+
+
 def test_metrics_and_strict_model_config(triton):
     metrics = httpx.get(triton["metrics"] + "/metrics").text
     assert "nv_inference_request_success" in metrics
