@@ -291,11 +291,13 @@ def bench(bundle, prompts_file, quick, max_tokens, repeats, prompts_per_category
               help="Also write Kubernetes (Deployment, Service, autoscaler) and KServe manifests into this directory.")
 @click.option("--image", default="specdeploy-triton:24.10", show_default=True,
               help="Container image for the manifests: Triton's plus specdeploy (see the README).")
-def triton(bundle, output, name, instances, max_queue, threads, copy, site_packages, manifests, image):
+@click.option("--backend", type=BACKEND, default=DEFAULT_BACKEND, show_default=True,
+              help="tensorrt: the bundle's TensorRT engines, instances on the GPU (build them on the device first).")
+def triton(bundle, output, name, instances, max_queue, threads, copy, site_packages, manifests, image, backend):
     """Write a Triton Inference Server model repository (Python backend, decoupled) for BUNDLE."""
     from .triton.repository import TritonConfig, write_repository
 
-    config = TritonConfig(bundle, output, name, instances, max_queue, threads, copy, site_packages)
+    config = TritonConfig(bundle, output, name, instances, max_queue, threads, copy, site_packages, backend)
     click.echo(f"model repository written: {write_repository(config, manifests, image)}")
 
 

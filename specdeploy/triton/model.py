@@ -65,7 +65,7 @@ class TritonPythonModel:
         # repository is mounted (a container's /models, a Kubernetes volume)
         model_dir = args["model_repository"]  # this model's directory: REPO/NAME
         bundle = os.path.join(model_dir, _parameter(config, "bundle"))
-        self.engine = Engine(bundle, threads=threads)
+        self.engine = Engine(bundle, backend=_parameter(config, "backend", "onnxruntime"), threads=threads)
         self.default_max_tokens = int(_parameter(config, "default_max_tokens", "256"))
         self.jobs = queue.Queue(maxsize=int(_parameter(config, "max_queue", "8")))
         self.metrics = _Metrics(args["model_name"], args["model_instance_name"])

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..bundle import manifest as manifest_io
+from ..constants import BACKENDS, DEFAULT_BACKEND
 from ..errors import ConfigError
 
 MODEL_FILE = Path(__file__).with_name("model.py")
@@ -35,6 +36,7 @@ class TritonConfig:
     threads: int | None = None    # ONNX Runtime intra-op threads per instance (None: all cores)
     copy: bool = False            # copy the bundle into the repository instead of referencing it
     site_packages: str | None = None  # extra paths for Triton's Python stub (specdeploy, numpy<2, onnxruntime)
+    backend: str = DEFAULT_BACKEND    # tensorrt: engines built on the device (Jetson, RTX); instances on the GPU
 
     def __post_init__(self):
         if not self.name or any(c in self.name for c in "/\\ "):
@@ -43,6 +45,10 @@ class TritonConfig:
             raise ConfigError("--instances and --max-queue must be >= 1")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"--threads {self.threads} must be >= 1")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"--backend {self.backend} is unknown; pick one of {', '.join(BACKENDS)}")
+        if self.backend == "tensorrt" and self.threads is not None:
+            raise ConfigError("--threads is an ONNX Runtime setting; drop it with --backend tensorrt")
 
 
 def _io(kind: str, entries, optional: bool) -> str:
@@ -55,13 +61,14 @@ def _io(kind: str, entries, optional: bool) -> str:
 
 def config_pbtxt(config: TritonConfig, bundle_path: str) -> str:
     params = {"bundle": bundle_path, "max_queue": str(config.max_queue), "threads": str(config.threads or 0),
-              "site_packages": config.site_packages or ""}
+              "site_packages": config.site_packages or "", "backend": config.backend}
+    kind = "KIND_GPU" if config.backend == "tensorrt" else "KIND_CPU"
     parameters = "\n".join(f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}' for k, v in params.items())
     return "\n".join([
         f'name: "{config.name}"', 'backend: "python"', "max_batch_size: 0",
         _io("input", INPUTS, optional=True), _io("output", OUTPUTS, optional=False),
         "model_transaction_policy { decoupled: true }",
-        f"instance_group [ {{ count: {config.instances} kind: KIND_CPU }} ]", parameters, "",
+        f"instance_group [ {{ count: {config.instances} kind: {kind} }} ]", parameters, "",
     ])
 
 

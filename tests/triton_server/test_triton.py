@@ -294,3 +294,14 @@ def test_full_queue_is_refused_and_cancelled_streams_free_the_engine(held_triton
     assert _metric(metrics, "specdeploy_generation_tokens_total") < 2 * 4000
     ok = httpx.post(held_triton["model"] + "/generate", json={"text_input": "w5", "max_tokens": 4}, timeout=60)
     assert ok.status_code == 200 and ok.json()["completion_tokens"] == 4
+
+
+def test_tensorrt_repository_puts_instances_on_the_gpu(tiny_bundle, tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(main, ["triton", str(tiny_bundle), "-o", str(tmp_path / "repo"), "--backend", "tensorrt"])
+    assert result.exit_code == 0, result.output
+    config = (tmp_path / "repo" / "specdeploy" / "config.pbtxt").read_text()
+    assert "kind: KIND_GPU" in config and 'key: "backend" value: { string_value: "tensorrt" }' in config
+    result = runner.invoke(main, ["triton", str(tiny_bundle), "-o", str(tmp_path / "r2"), "--backend", "tensorrt",
+                                  "--threads", "2"])
+    assert result.exit_code == 1 and "--threads is an ONNX Runtime setting" in result.output
