@@ -6,6 +6,7 @@ import queue
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -305,3 +306,13 @@ def test_tensorrt_repository_puts_instances_on_the_gpu(tiny_bundle, tmp_path):
     result = runner.invoke(main, ["triton", str(tiny_bundle), "-o", str(tmp_path / "r2"), "--backend", "tensorrt",
                                   "--threads", "2"])
     assert result.exit_code == 1 and "--threads is an ONNX Runtime setting" in result.output
+
+
+def test_the_triton_client_example_streams(triton, tiny_bundle):
+    example = ROOT / "examples" / "triton_client.py"
+    out = subprocess.run([sys.executable, str(example), triton["grpc"], "w3 w4 w5"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    text, summary = out.stdout.rsplit("\n", 2)[:2]
+    assert text == _runtime_text(tiny_bundle, "w3 w4 w5", max_new_tokens=64)
+    assert "tokens/round" in summary and "[hybrid]" in summary
