@@ -15,31 +15,52 @@ CHAT_TEMPLATE = (
 )
 
 
+TINY = dict(
+    vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+    initializer_range=0.3, bos_token_id=0, eos_token_id=1,
+)
+
+
 def tiny_config(arch: str):
     import transformers
 
-    common = dict(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        initializer_range=0.3, bos_token_id=0, eos_token_id=1,
-    )
+    common = TINY
     configs = {
         "llama": lambda: transformers.LlamaConfig(tie_word_embeddings=True, **common),
         "mistral": lambda: transformers.MistralConfig(sliding_window=None, **common),
         "qwen2": lambda: transformers.Qwen2Config(tie_word_embeddings=False, **common),
         "qwen3": lambda: transformers.Qwen3Config(head_dim=16, **common),
+        # each family's own mechanisms switched on; windows smaller than the test prompts
+        "llama3": lambda: transformers.LlamaConfig(tie_word_embeddings=True, rope_scaling={
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16}, **common),
+        "gemma2": lambda: transformers.Gemma2Config(
+            head_dim=16, sliding_window=4, final_logit_softcapping=5.0, attn_logit_softcapping=3.0,
+            query_pre_attn_scalar=16, **common),
+        "gemma3_text": lambda: transformers.Gemma3TextConfig(
+            head_dim=16, sliding_window=4, query_pre_attn_scalar=16, final_logit_softcapping=8.0,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"], **common),
+        "phi3": lambda: transformers.Phi3Config(
+            pad_token_id=0, partial_rotary_factor=0.5, original_max_position_embeddings=256,
+            rope_scaling={"type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.3],
+                          "long_factor": [2.0, 2.5, 3.0, 3.5]}, **common),
+        "smollm3": lambda: transformers.SmolLM3Config(no_rope_layer_interval=2, pad_token_id=0, **common),
+        "granite": lambda: transformers.GraniteConfig(
+            embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=4.0, **common),
+        "olmo2": lambda: transformers.Olmo2Config(**common),
     }
     return configs[arch]()
 
 
-def save_tiny_model(arch: str, directory: Path, seed: int = 0) -> Path:
+def save_tiny_model(arch: str, directory: Path, seed: int = 0, config=None) -> Path:
     """A random model plus a word-level tokenizer ('w0' .. 'w95') and a chat template."""
     import torch
     import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(tiny_config(arch)).eval()
+    model = transformers.AutoModelForCausalLM.from_config(config or tiny_config(arch)).eval()
     model.save_pretrained(directory)
     tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w5"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()

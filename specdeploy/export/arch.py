@@ -12,11 +12,20 @@ from ..errors import UnsupportedModelError, require
 from ..bundle.manifest import ModelInfo
 
 SUPPORTED = {
-    "llama": "Llama / SmolLM",
+    "llama": "Llama / SmolLM2 / Llama 3.x",
     "mistral": "Mistral",
-    "qwen2": "Qwen2",
+    "qwen2": "Qwen2 / Qwen2.5",
     "qwen3": "Qwen3",
+    "gemma2": "Gemma 2",
+    "gemma3_text": "Gemma 3 (text)",
+    "phi3": "Phi-3 / Phi-3.5 / Phi-4-mini",
+    "smollm3": "SmolLM3",
+    "granite": "Granite 3.x",
+    "olmo2": "OLMo 2",
 }
+# RoPE variants whose positions do not depend on the sequence length seen so far; "dynamic" NTK
+# rescales with the current length, which a graph with a static cache cannot reproduce
+ROPE_TYPES = {"default", "linear", "llama3", "longrope", "yarn", "su", "proportional"}
 
 
 def supported_names() -> str:
@@ -28,6 +37,42 @@ def check_supported(model_type: str) -> None:
         raise UnsupportedModelError(
             f"model type '{model_type}' is not supported; the exporter can split: {supported_names()}"
         )
+
+
+def _rope_types(config) -> set[str]:
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if isinstance(params, dict) and all(isinstance(v, dict) for v in params.values()) and params:
+        return {v.get("rope_type", v.get("type", "default")) for v in params.values()}  # per layer type
+    return {params.get("rope_type", params.get("type", "default"))} if isinstance(params, dict) else {"default"}
+
+
+def check_options(config) -> None:
+    """A known family with an option the split would get wrong is refused, naming the option."""
+    odd = sorted(_rope_types(config) - ROPE_TYPES)
+    if odd:
+        raise UnsupportedModelError(
+            f"{config.model_type}: rope type {', '.join(odd)} is not supported (its positions depend on the "
+            f"sequence length); supported: {', '.join(sorted(ROPE_TYPES))}"
+        )
+    if getattr(config, "use_bidirectional_attention", False):
+        raise UnsupportedModelError(f"{config.model_type}: use_bidirectional_attention=True (an embedding "
+                                    f"model) cannot decode; export a causal checkpoint")
+    types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if types - {"full_attention", "sliding_attention"}:
+        raise UnsupportedModelError(f"{config.model_type}: layer types {sorted(types)} are not supported; "
+                                    f"full_attention and sliding_attention are")
+
+
+def check_context(config, max_context: int) -> None:
+    """LongRoPE switches to its long factors past the original context, depending on the sequence seen so
+    far; a bundle whose KV capacity stays within the original context always uses the short factors."""
+    if "longrope" in _rope_types(config) or "su" in _rope_types(config):
+        original = getattr(config, "original_max_position_embeddings", None) or \
+            (getattr(config, "rope_parameters", None) or {}).get("original_max_position_embeddings")
+        if original and max_context > original:
+            raise UnsupportedModelError(
+                f"{config.model_type}: LongRoPE switches to its long factors past {original} tokens, which a "
+                f"static graph cannot follow; export with --max-context {original} or less")
 
 
 def load(source: Path):
@@ -49,6 +94,7 @@ def load(source: Path):
     except Exception as exc:  # the loaders' own types; reported in one line with the file
         raise load_failure(source, exc) from exc
     check_supported(config.model_type)
+    check_options(config)
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, **kwargs).eval()
         tokenizer = transformers.AutoTokenizer.from_pretrained(directory, **kwargs)

@@ -81,7 +81,7 @@ def export(config: ExportConfig, echo: Callable[[str], None] = print, calibratio
     `calibration` is a `calibration.steps.CalibrationConfig` (defaults when None).
     """
     from ..bundle.install import check_output, install, staging_dir
-    from .arch import load
+    from .arch import check_context, load
 
     config = resolve_source(config)
     output = check_output(config.output)  # bad inputs fail before the (slow) model load
@@ -91,6 +91,7 @@ def export(config: ExportConfig, echo: Callable[[str], None] = print, calibratio
         load_calibration_prompts(config.prompts_file)
     model, tokenizer = load(config.source)
     config.check_layers(model.config.num_hidden_layers)
+    check_context(model.config, config.max_context)
     echo(f"loaded {config.source.name}: {model.config.model_type}, {model.config.num_hidden_layers} layers")
     with staging_dir(output, ".export-") as staging:
         if config.needs_calibration:

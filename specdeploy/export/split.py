@@ -6,6 +6,9 @@ wrappers run eagerly as the PyTorch reference and export to ONNX unchanged.
 """
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 import torch.nn.functional as F
 import transformers
@@ -21,6 +24,8 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     In export this becomes one ONNX `Attention` node with native GQA (no repeat_kv expand).
     """
     # query [B, Hq, S, D]; key/value [B, Hkv, T, D]; attention_mask bool [B, 1, S, T]
+    if kwargs.get("softcap"):
+        return _softcapped_attention(query, key, value, attention_mask, scaling, kwargs["softcap"]), None
     if torch.onnx.is_in_onnx_export():
         out = torch.onnx.ops.attention(
             query, key, value, attention_mask, scale=scaling,
@@ -32,6 +37,21 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
             enable_gqa=query.shape[1] != key.shape[1],
         )
     return out.transpose(1, 2).contiguous(), None  # [B, S, Hq, D]
+
+
+def _softcapped_attention(query, key, value, attention_mask, scaling, softcap: float):
+    """Attention with logit soft-capping (Gemma 2): cap * tanh(scores / cap), then the mask.
+
+    Written out op by op, in eager and in export alike, so the cap comes before the mask exactly
+    as in the Hugging Face model.
+    """
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)  # [B, Hq, T, D]
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling                            # [B, Hq, S, T]
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous()                       # [B, S, Hq, D]
 
 
 transformers.AttentionInterface.register(ATTN_IMPLEMENTATION, _attention)
@@ -84,15 +104,39 @@ class StaticKV:
         return self.keys[i][:, :, : self.total], self.values[i][:, :, : self.total]
 
 
-def causal_mask(write_index, seq: int, attention_mask):
-    """bool [1, 1, S, T]: key j is visible to query i iff j <= write_index + i and not padding.
+def causal_mask(write_index, seq: int, attention_mask, window: int | None = None):
+    """bool [1, 1, S, T]: key j is visible to query i iff j <= write_index + i and not padding,
+    and, for a sliding-window layer, i - j < window (as Hugging Face's sliding mask).
 
-    Rows past the valid length are never visible, which is what makes rollback free.
+    Rows past the valid length are never visible, which is what makes rollback free; the window
+    is applied per row, so it holds inside a verify pass that crosses the window's edge.
     """
     total = attention_mask.shape[1]
     keys = torch.arange(total).view(1, 1, 1, -1)
     queries = write_index.view(-1, 1, 1, 1) + torch.arange(seq).view(1, 1, -1, 1)
-    return (keys <= queries) & attention_mask.bool()[:, None, None, :]
+    visible = (keys <= queries) & attention_mask.bool()[:, None, None, :]
+    if window is not None:
+        visible = visible & (queries - keys < window)
+    return visible
+
+
+def layer_types(config) -> list[str]:
+    """Per layer "full_attention" or "sliding_attention" (families without windows: all full)."""
+    types = getattr(config, "layer_types", None)
+    return list(types) if types else ["full_attention"] * config.num_hidden_layers
+
+
+def _rotary_by_type(inner, hidden, position_ids, types) -> dict:
+    """Rotary embeddings per layer type: Gemma 3 gives local (sliding) layers their own base."""
+    # without transformers' per-call frequency update: LongRoPE inside its original context (the only
+    # context the exporter accepts, arch.check_context) always uses its short factors, and a traced
+    # update would stay in the graph as a buffer mutation
+    forward = type(inner.rotary_emb).forward
+    rotary = functools.partial(getattr(forward, "__wrapped__", forward), inner.rotary_emb)
+    if "layer_type" in inspect.signature(forward).parameters:
+        return {t: rotary(hidden, position_ids, t) for t in set(types)}
+    shared = rotary(hidden, position_ids)
+    return {t: shared for t in set(types)}
 
 
 class _LayerRange(torch.nn.Module):
@@ -102,15 +146,18 @@ class _LayerRange(torch.nn.Module):
         model.config._attn_implementation = ATTN_IMPLEMENTATION
 
     def run_layers(self, hidden, position_ids, write_index, attention_mask, past):
-        inner = self.model.model
+        inner, config = self.model.model, self.model.config
         n = self.last - self.first
         cache = StaticKV(past[:n], past[n:], write_index, attention_mask.shape[1], self.first)
-        mask = causal_mask(write_index, hidden.shape[1], attention_mask)
-        position_embeddings = inner.rotary_emb(hidden, position_ids)
-        for layer in inner.layers[self.first : self.last]:
+        types = layer_types(config)[self.first : self.last]
+        window = getattr(config, "sliding_window", None)
+        masks = {t: causal_mask(write_index, hidden.shape[1], attention_mask,
+                                window if t == "sliding_attention" else None) for t in set(types)}
+        rotary = _rotary_by_type(inner, hidden, position_ids, types)
+        for layer, kind in zip(inner.layers[self.first : self.last], types):
             hidden = layer(
-                hidden, attention_mask=mask, position_ids=position_ids, cache=cache,
-                position_embeddings=position_embeddings,
+                hidden, attention_mask=masks[kind], position_ids=position_ids, cache=cache,
+                position_embeddings=rotary[kind],
             )
             if isinstance(hidden, tuple):
                 hidden = hidden[0]
@@ -124,7 +171,8 @@ class DraftModule(_LayerRange):
         super().__init__(model, 0, exit_layer)
 
     def forward(self, input_ids, position_ids, write_index, attention_mask, past: list):
-        hidden = self.model.model.embed_tokens(input_ids)  # [1, S, H]
+        hidden = self.model.model.embed_tokens(input_ids)  # [1, S, H] (Gemma scales inside)
+        hidden = hidden * getattr(self.model.model, "embedding_multiplier", 1.0)  # Granite
         return self.run_layers(hidden, position_ids, write_index, attention_mask, past)
 
 
@@ -149,11 +197,18 @@ class HeadModule(torch.nn.Module):
         super().__init__()
         self.norm, self.lm_head, self.adapter = model.model.norm, model.lm_head, adapter
         self.vocab_ids = None if vocab_ids is None else torch.as_tensor(vocab_ids, dtype=torch.int64)
+        self.logits_scaling = getattr(model.config, "logits_scaling", None)       # Granite divides
+        self.softcap = getattr(model.config, "final_logit_softcapping", None)     # Gemma caps
 
     def forward(self, hidden_in):
         hidden = hidden_in if self.adapter is None else self.adapter(hidden_in)
         hidden = self.norm(hidden)  # [1, S, H]
         if self.vocab_ids is None:
-            return self.lm_head(hidden)  # [1, S, V]
-        weight = self.lm_head.weight[self.vocab_ids]  # [V', H]
-        return hidden @ weight.t()  # [1, S, V']
+            logits = self.lm_head(hidden)  # [1, S, V]
+        else:
+            logits = hidden @ self.lm_head.weight[self.vocab_ids].t()  # [1, S, V']
+        if self.logits_scaling:
+            logits = logits / self.logits_scaling
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits

@@ -1,0 +1,141 @@
+"""Each supported family on a tiny random model with its own mechanisms switched on.
+
+Gemma 2 / 3: sliding windows of 4 (prompts are longer, drafts cross the edge), soft-capping, Gemma 3's
+per-layer RoPE bases; Phi-3: LongRoPE factors and partial rotary; SmolLM3: NoPE layers; Granite:
+embedding / residual / attention / logit multipliers; OLMo 2: post-norms and QK-norm; Llama 3 RoPE.
+"""
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from conftest import export_tiny, save_tiny_model
+from distribution import CHI2_999_10DOF, histogram, homogeneity_chi2
+from specdeploy.bundle import manifest as manifest_io
+from specdeploy.config import GenerationConfig
+from specdeploy.errors import UnsupportedModelError
+from specdeploy.export import ExportConfig, export
+from specdeploy.quantization.quality import teacher_forced_logits
+from specdeploy.runtime.engine import Engine
+
+FAMILIES = ["gemma2", "gemma3_text", "phi3", "smollm3", "granite", "olmo2", "llama3"]
+PROMPTS = [[5, 17, 33, 8, 61, 2, 90, 41, 12, 13, 14], [3, 4, 5, 6, 7, 8, 9, 10], [40, 41, 42, 43, 44, 45]]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(request.param)
+    bundle = export_tiny(request.param, root, exit_layer=2)
+    model = transformers.AutoModelForCausalLM.from_pretrained(root / f"{request.param}-model").eval()
+    return request.param, bundle, model
+
+
+def test_split_equals_the_unsplit_model_and_validates(family):
+    arch, bundle, model = family
+    assert max(manifest_io.read(bundle).extra["validation_max_abs_diff"].values()) < 1e-3
+    with Engine(bundle) as engine:
+        for ids in PROMPTS:
+            with torch.no_grad():
+                theirs = model(torch.tensor([ids])).logits[0].double().numpy()
+            assert np.abs(teacher_forced_logits(engine, ids) - theirs).max() < 1e-4, arch
+
+
+def _hf_greedy(model, prompt, n):
+    """The unsplit model's greedy continuation, EOS included as a token (as `ignore_eos` decodes it);
+    `generate(min_new_tokens=...)` would instead suppress EOS."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+def test_greedy_speculative_equals_plain_equals_hugging_face(family):
+    arch, bundle, model = family
+    with Engine(bundle) as engine:
+        for prompt in PROMPTS:
+            expected = _hf_greedy(model, prompt, 24)
+            base = dict(max_new_tokens=24, ignore_eos=True)
+            assert engine.generate_ids(prompt, GenerationConfig(speculative=False, **base)) == expected, arch
+            for source in ("early_exit", "lookup", "hybrid"):
+                for gamma in (2, 5):  # 5 drafted rows cross a window of 4 inside one verify pass
+                    config = GenerationConfig(num_draft_tokens=gamma, draft_source=source, **base)
+                    assert engine.generate_ids(prompt, config) == expected, (arch, source, gamma)
+
+
+@pytest.mark.parametrize("arch", ["gemma3_text", "granite"])
+@pytest.mark.parametrize("exit_layer", [1, 3])
+def test_other_exit_layers_stay_exact(arch, exit_layer, tmp_path):
+    bundle = export_tiny(arch, tmp_path, exit_layer=exit_layer, validate=False)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / f"{arch}-model").eval()
+    with Engine(bundle) as engine:
+        spec = engine.generate_ids(PROMPTS[0], GenerationConfig(max_new_tokens=20, num_draft_tokens=4,
+                                                                draft_source="early_exit", ignore_eos=True))
+    assert spec == _hf_greedy(model, PROMPTS[0], 20)
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "granite"])
+def test_sampling_keeps_the_distribution(arch, tmp_path):
+    bundle = export_tiny(arch, tmp_path, exit_layer=2, validate=False)
+    with Engine(bundle) as engine:
+        prompt = [10, 11, 12, 13, 14, 15]  # longer than the window
+        plain = histogram(engine, prompt, 500, temperature=1.0, speculative=False)
+        spec = histogram(engine, prompt, 500, temperature=1.0, num_draft_tokens=3, draft_source="early_exit")
+    assert homogeneity_chi2(plain, spec) < CHI2_999_10DOF
+
+
+def test_int8_and_tensorrt_build_per_family(family, tmp_path, monkeypatch):
+    import sys
+    from pathlib import Path
+
+    from specdeploy.backends.tensorrt.build import BuildConfig, build_engines
+    from specdeploy.quantization.quantize import quantize
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backends"))
+    import fake_tensorrt
+
+    import shutil
+
+    arch, bundle, _ = family
+    base = dict(max_new_tokens=20, ignore_eos=True)
+    quantized = quantize(bundle, tmp_path / "int8", "int8", report=False, echo=lambda s: None)
+    with Engine(quantized) as engine:
+        plain = engine.generate_ids(PROMPTS[0], GenerationConfig(speculative=False, **base))
+        assert engine.generate_ids(PROMPTS[0], GenerationConfig(num_draft_tokens=4, **base)) == plain
+    # the fake executes graphs in plain ONNX Runtime, so it is compared on the fp32 graphs
+    fp32 = tmp_path / "fp32"
+    shutil.copytree(bundle, fp32)
+    fake_tensorrt.install(monkeypatch)
+    build_engines(fp32, BuildConfig(max_draft_tokens=4, max_prompt=32), echo=lambda s: None)
+    with Engine(fp32) as engine:
+        expected = engine.generate_ids(PROMPTS[0], GenerationConfig(speculative=False, **base))
+    with Engine(fp32, backend="tensorrt") as engine:
+        assert engine.generate_ids(PROMPTS[0], GenerationConfig(num_draft_tokens=4, **base)) == expected
+
+
+def test_a_calibrated_windowed_family_is_exact(tmp_path, monkeypatch):
+    from specdeploy.calibration.steps import CalibrationConfig
+
+    monkeypatch.setenv("SPECDEPLOY_CACHE", str(tmp_path / "cache"))
+    model_dir = save_tiny_model("gemma3_text", tmp_path / "model")
+    small = CalibrationConfig(gammas=(2, 3), exits=(2,), draft_vocab_size=48, max_new_tokens=12, train_steps=20,
+                              measure_prompts=1, measure_tokens=8)
+    bundle = export(ExportConfig(source=model_dir, exit_layer=None, num_draft_tokens=None, max_context=128,
+                                 output=tmp_path / "cal"), lambda s: None, small)
+    with Engine(bundle) as engine:
+        assert "draft_head" in engine.manifest.graphs
+        base = dict(max_new_tokens=24, ignore_eos=True)
+        plain = engine.generate_ids(PROMPTS[0], GenerationConfig(speculative=False, **base))
+        assert engine.generate_ids(PROMPTS[0], GenerationConfig(draft_source="early_exit", **base)) == plain
+
+
+def test_unsupported_options_are_refused_by_name(tmp_path):
+    from conftest import TINY
+
+    dynamic = save_tiny_model("llama", tmp_path / "dynamic", config=transformers.LlamaConfig(
+        rope_scaling={"rope_type": "dynamic", "factor": 2.0}, **TINY))
+    with pytest.raises(UnsupportedModelError, match="rope type dynamic is not supported"):
+        export(ExportConfig(source=dynamic, exit_layer=1, output=tmp_path / "o1"))
+    model_dir = save_tiny_model("phi3", tmp_path / "phi3")
+    with pytest.raises(UnsupportedModelError, match="LongRoPE.*--max-context 256"):
+        export(ExportConfig(source=model_dir, exit_layer=1, max_context=512, output=tmp_path / "o2"))
