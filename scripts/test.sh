@@ -9,5 +9,6 @@ if ! command -v chromium >/dev/null 2>&1; then
     $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium >/dev/null
 fi
 scripts/fetch_model.sh
+scripts/fetch_gemma3.sh || echo "Gemma 3 270M could not be fetched: its end-to-end tests skip"
 . .venv/bin/activate
 exec python -m pytest -q "$@"

@@ -30,6 +30,7 @@ class ModelInfo:
     head_dim: int
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None = None
+    add_bos_token: bool = False   # plain-text prompts start with BOS (as the model's tokenizer does)
 
 
 @dataclass(frozen=True)

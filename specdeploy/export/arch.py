@@ -103,7 +103,14 @@ def load(source: Path):
     return model, tokenizer
 
 
-def model_info(model, name: str, eos_token_ids: tuple[int, ...]) -> ModelInfo:
+def adds_bos(tokenizer) -> bool:
+    """Whether the model's own tokenizer starts a plain text with BOS (Gemma's does, SmolLM2's not)."""
+    bos = tokenizer.bos_token_id
+    ids = tokenizer("a").input_ids
+    return bos is not None and bool(ids) and ids[0] == bos
+
+
+def model_info(model, name: str, eos_token_ids: tuple[int, ...], add_bos_token: bool = False) -> ModelInfo:
     cfg = model.config
     check_supported(cfg.model_type)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -113,6 +120,7 @@ def model_info(model, name: str, eos_token_ids: tuple[int, ...]) -> ModelInfo:
         hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size, num_kv_heads=kv_heads,
         head_dim=head_dim, eos_token_ids=tuple(eos_token_ids),
         bos_token_id=cfg.bos_token_id if isinstance(cfg.bos_token_id, int) else None,
+        add_bos_token=add_bos_token,
     )
 
 

@@ -37,11 +37,11 @@ def _schedule(model: SplitModel, prompt: list[int], drafts: list[int]) -> list[t
 
 
 def compare(exported: SplitModel, reference: SplitModel, precision: str = "fp32",
-            seed: int = 0) -> dict[str, float]:
+            seed: int = 0, prompt_len: int = 7) -> dict[str, float]:
     """Max abs differences per checked output; raises ValidationError listing every mismatch."""
     rng = np.random.default_rng(seed)
     vocab = exported.manifest.model.vocab_size
-    prompt = [int(t) for t in rng.integers(0, vocab, 7)]
+    prompt = [int(t) for t in rng.integers(0, vocab, prompt_len)]
     drafts = [int(t) for t in rng.integers(0, vocab, 3)]
     diffs, failures = {}, []
     atol = LOGITS_ATOL.get(precision)
@@ -58,6 +58,14 @@ def compare(exported: SplitModel, reference: SplitModel, precision: str = "fp32"
     return diffs
 
 
+def validation_prompt_len(model, manifest) -> int:
+    """7 tokens, or past the sliding window where a family has one (so windowed rows are checked),
+    within the bundle's context (the schedule adds 4 rows)."""
+    window = getattr(model.config, "sliding_window", None) if "sliding_attention" in \
+        (getattr(model.config, "layer_types", None) or ()) else None
+    return max(7, min((window or 0) + 7, manifest.max_context - 8))
+
+
 def validate_bundle(model, bundle, manifest, adapter=None, vocab_ids=None) -> dict[str, float]:
     """The bundle's graphs in ONNX Runtime against the PyTorch reference over one schedule."""
     from ..backends import load_stages
@@ -66,6 +74,6 @@ def validate_bundle(model, bundle, manifest, adapter=None, vocab_ids=None) -> di
     exported = SplitModel(manifest, load_stages(bundle, manifest))
     reference = SplitModel(manifest, reference_stages(model, manifest, adapter, vocab_ids))
     try:
-        return compare(exported, reference, manifest.precision)
+        return compare(exported, reference, manifest.precision, prompt_len=validation_prompt_len(model, manifest))
     finally:
         exported.close()

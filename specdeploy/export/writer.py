@@ -70,9 +70,9 @@ class DraftHead:
 
 
 def build_manifest(model, tokenizer, config, name: str) -> Manifest:
-    from .arch import eos_ids, model_info
+    from .arch import adds_bos, eos_ids, model_info
 
-    info = model_info(model, name, eos_ids(model, tokenizer))
+    info = model_info(model, name, eos_ids(model, tokenizer), adds_bos(tokenizer))
     config.check_layers(info.num_layers)
     return Manifest(
         model=info, exit_layer=config.exit_layer, num_draft_tokens=config.num_draft_tokens,

@@ -56,13 +56,15 @@ class Engine:
 
     def encode_prompt(self, prompt) -> list[int]:
         """Token ids of a plain string, or of chat messages rendered with the chat template."""
-        if isinstance(prompt, str):
-            text = prompt
-        elif isinstance(prompt, list):
-            text = self.tokenizer.apply_chat_template(prompt)
-        else:
+        if isinstance(prompt, list):
+            return self.tokenizer.encode(self.tokenizer.apply_chat_template(prompt))  # the template has BOS
+        if not isinstance(prompt, str):
             raise ConfigError("prompt must be a string or a list of chat messages")
-        return self.tokenizer.encode(text)
+        ids = self.tokenizer.encode(prompt)
+        bos = self.manifest.model.bos_token_id
+        if self.manifest.model.add_bos_token and bos is not None and ids[:1] != [bos]:
+            ids = [bos, *ids]  # as the model's own tokenizer encodes plain text (Gemma)
+        return ids
 
     def stream(self, prompt, config: GenerationConfig | None = None,
                stats: GenerationStats | None = None, **options) -> Iterator[Piece]:

@@ -47,3 +47,20 @@ def test_generation_config_validation():
                 dict(draft_source="medusa"), dict(temperature=-0.5), dict(stop=("",))):
         with pytest.raises(ConfigError):
             GenerationConfig(**bad)
+
+
+def test_plain_prompts_start_with_bos_where_the_model_tokenizer_adds_it(tiny_bundle, tmp_path):
+    import json
+    import shutil
+
+    from specdeploy.runtime.engine import Engine
+
+    bundle = tmp_path / "bos"
+    shutil.copytree(tiny_bundle, bundle)
+    data = json.loads((bundle / "manifest.json").read_text())
+    data["model"]["add_bos_token"] = True
+    (bundle / "manifest.json").write_text(json.dumps(data))
+    with Engine(tiny_bundle) as plain, Engine(bundle) as with_bos:
+        assert plain.encode_prompt("w3 w4") == [3, 4]
+        assert with_bos.encode_prompt("w3 w4") == [0, 3, 4] and with_bos.encode_prompt("w0 w3") == [0, 3]
+        assert with_bos.encode_prompt([{"role": "user", "content": "w9"}]) == [2, 9, 3, 4]  # template decides
