@@ -18,6 +18,7 @@ SUPPORTED = {
     "qwen3": "Qwen3",
     "gemma2": "Gemma 2",
     "gemma3_text": "Gemma 3 (text)",
+    "gemma3": "Gemma 3 (multimodal checkpoint: its text decoder)",
     "phi3": "Phi-3 / Phi-3.5 / Phi-4-mini",
     "smollm3": "SmolLM3",
     "granite": "Granite 3.x",
@@ -48,6 +49,7 @@ def _rope_types(config) -> set[str]:
 
 def check_options(config) -> None:
     """A known family with an option the split would get wrong is refused, naming the option."""
+    config = getattr(config, "text_config", None) or config  # a multimodal checkpoint's decoder
     odd = sorted(_rope_types(config) - ROPE_TYPES)
     if odd:
         raise UnsupportedModelError(
@@ -100,7 +102,25 @@ def load(source: Path):
         tokenizer = transformers.AutoTokenizer.from_pretrained(directory, **kwargs)
     except Exception as exc:
         raise load_failure(source, exc) from exc
-    return model, tokenizer
+    return text_decoder(model), tokenizer
+
+
+def text_decoder(model):
+    """The text decoder of a multimodal checkpoint (Gemma 3) as its own causal LM, the vision tower
+    dropped: speculation drafts and verifies text, and the split needs the decoder's own layout."""
+    if model.config.model_type != "gemma3":
+        return model
+    import copy
+
+    import transformers
+
+    config = copy.deepcopy(model.config.text_config)
+    config.final_logit_softcapping = None  # the multimodal head does not cap (released Gemma 3 never does)
+    text = transformers.Gemma3ForCausalLM(config).eval()
+    text.model.load_state_dict(model.model.language_model.state_dict())
+    text.lm_head.load_state_dict(model.lm_head.state_dict())
+    text.generation_config = model.generation_config
+    return text
 
 
 def adds_bos(tokenizer) -> bool:

@@ -139,3 +139,23 @@ def test_unsupported_options_are_refused_by_name(tmp_path):
     model_dir = save_tiny_model("phi3", tmp_path / "phi3")
     with pytest.raises(UnsupportedModelError, match="LongRoPE.*--max-context 256"):
         export(ExportConfig(source=model_dir, exit_layer=1, max_context=512, output=tmp_path / "o2"))
+
+
+def test_a_multimodal_gemma3_checkpoint_exports_its_text_decoder(tmp_path):
+    from conftest import tiny_config
+
+    vision = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=2, image_size=28, patch_size=14)
+    config = transformers.Gemma3Config(text_config=tiny_config("gemma3_text").to_dict(),
+                                       vision_config=vision.to_dict(), mm_tokens_per_image=4)
+    model_dir = save_tiny_model("gemma3", tmp_path / "mm", config=config)
+    bundle = export(ExportConfig(source=model_dir, exit_layer=2, max_context=128, output=tmp_path / "b"))
+    multimodal = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    assert manifest_io.read(bundle).model.architecture == "gemma3_text"
+    with Engine(bundle) as engine:
+        ids = PROMPTS[0]
+        with torch.no_grad():
+            theirs = multimodal(input_ids=torch.tensor([ids])).logits[0].double().numpy()
+        assert np.abs(teacher_forced_logits(engine, ids) - theirs).max() < 1e-4
+        spec = engine.generate_ids(ids, GenerationConfig(max_new_tokens=16, num_draft_tokens=4, ignore_eos=True))
+    assert spec == _hf_greedy(multimodal, ids, 16)
