@@ -36,12 +36,14 @@ def _time_generate(model, encoded, max_new_tokens, **kwargs) -> float:
 
 
 def _hf(config, conversations, exit_layer) -> dict:
+    from ..calibration.data import hf_attention
+
     try:
         from ..export.arch import load
     except ImportError as exc:
         return {"hf_generate": {"skipped": f"transformers/torch not installed ({exc})"}}
     model, tokenizer = load(config.compare_model)
-    model.config._attn_implementation = "sdpa"
+    model.config._attn_implementation = hf_attention(model.config)
     encoded = _encode(tokenizer, conversations)
     out = {"hf_generate": {"tokens_per_second": _time_generate(model, encoded, config.max_new_tokens),
                            "note": "transformers generate, fp32, sdpa, greedy"}}

@@ -49,6 +49,12 @@ class Activations:
             return cls(hidden, z["teacher_ids"], z["teacher_probs"], z["segment"])
 
 
+def hf_attention(config) -> str:
+    """Transformers' attention for running the model itself: SDPA, or eager where logits are soft-capped
+    (Gemma 2), which SDPA cannot do."""
+    return "eager" if getattr(config, "attn_logit_softcapping", None) else "sdpa"
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("SPECDEPLOY_CACHE", Path.home() / ".cache" / "specdeploy"))
 
@@ -128,7 +134,7 @@ def collect(model, tokenizer, source: Path, conversations, config: DataConfig, n
     path = cache_dir() / "calibration" / f"{name}-{fingerprint(source, conversations, config)}.npz"
     if path.is_file():
         return Activations.load(path)
-    model.config._attn_implementation = "sdpa"
+    model.config._attn_implementation = hf_attention(model.config)
     acts = activations(model, generate(model, tokenizer, conversations, config), config)
     path.parent.mkdir(parents=True, exist_ok=True)
     acts.save(path)

@@ -113,11 +113,12 @@ def test_int8_and_tensorrt_build_per_family(family, tmp_path, monkeypatch):
         assert engine.generate_ids(PROMPTS[0], GenerationConfig(num_draft_tokens=4, **base)) == expected
 
 
-def test_a_calibrated_windowed_family_is_exact(tmp_path, monkeypatch):
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3_text", "phi3"])  # soft-capping, windows, LongRoPE
+def test_calibrated_bundles_are_exact(arch, tmp_path, monkeypatch):
     from specdeploy.calibration.steps import CalibrationConfig
 
     monkeypatch.setenv("SPECDEPLOY_CACHE", str(tmp_path / "cache"))
-    model_dir = save_tiny_model("gemma3_text", tmp_path / "model")
+    model_dir = save_tiny_model(arch, tmp_path / "model")
     small = CalibrationConfig(gammas=(2, 3), exits=(2,), draft_vocab_size=48, max_new_tokens=12, train_steps=20,
                               measure_prompts=1, measure_tokens=8)
     bundle = export(ExportConfig(source=model_dir, exit_layer=None, num_draft_tokens=None, max_context=128,
