@@ -9,7 +9,7 @@ import pytest
 import torch
 import transformers
 
-from conftest import export_tiny, save_tiny_model
+from conftest import TINY, export_tiny, save_tiny_model, tiny_config
 from distribution import CHI2_999_10DOF, histogram, homogeneity_chi2
 from specdeploy.bundle import manifest as manifest_io
 from specdeploy.config import GenerationConfig
@@ -131,8 +131,6 @@ def test_calibrated_bundles_are_exact(arch, tmp_path, monkeypatch):
 
 
 def test_unsupported_options_are_refused_by_name(tmp_path):
-    from conftest import TINY
-
     dynamic = save_tiny_model("llama", tmp_path / "dynamic", config=transformers.LlamaConfig(
         rope_scaling={"rope_type": "dynamic", "factor": 2.0}, **TINY))
     with pytest.raises(UnsupportedModelError, match="rope type dynamic is not supported"):
@@ -143,8 +141,6 @@ def test_unsupported_options_are_refused_by_name(tmp_path):
 
 
 def test_a_multimodal_gemma3_checkpoint_exports_its_text_decoder(tmp_path):
-    from conftest import tiny_config
-
     vision = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                              num_attention_heads=2, image_size=28, patch_size=14)
     config = transformers.Gemma3Config(text_config=tiny_config("gemma3_text").to_dict(),
