@@ -20,8 +20,9 @@ DEFAULT_LOOKUP_NGRAM = (1, 4)
 MAX_NGRAM = 16
 
 # graph precisions; "fp32" is the exported form, the others come from quantization
-PRECISIONS = ("fp32", "fp16", "int8", "fp8")
-QUANTIZED_PRECISIONS = ("fp16", "int8", "fp8")
+PRECISIONS = ("fp32", "fp16", "int8", "int4", "fp8")
+QUANTIZED_PRECISIONS = ("fp16", "int8", "int4", "fp8")
+COMPUTE_PRECISIONS = ("int8", "int4")   # MatMulNBits: integer kernels; the others are weight-only
 
 BACKENDS = ("onnxruntime", "tensorrt")
 DEFAULT_BACKEND = "onnxruntime"

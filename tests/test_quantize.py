@@ -10,7 +10,7 @@ from specdeploy.quantization.quantize import graph_precisions, quantize
 from specdeploy.runtime.engine import Engine
 
 
-@pytest.fixture(scope="module", params=["int8", "fp8", "fp16", "mixed"])
+@pytest.fixture(scope="module", params=["int8", "int4", "fp8", "fp16", "mixed"])
 def quantized(request, tiny_bundle, tmp_path_factory):
     out = tmp_path_factory.mktemp("q") / request.param
     lines = []
@@ -43,13 +43,24 @@ def test_graph_ops_match_precision(quantized):
     draft = onnx.load(str(bundle / m.graph("draft").file), load_external_data=False)
     ops = {n.op_type for n in draft.graph.node}
     types = {t.data_type for t in draft.graph.initializer}
-    if kind in ("int8", "mixed"):
-        # weight-only: int8 weights dequantized, activations stay float (greedy identity)
-        assert "DequantizeLinear" in ops and "QuantizeLinear" not in ops and onnx.TensorProto.INT8 in types
-        assert m.graph("draft").precision == "int8"
+    if kind in ("int8", "int4", "mixed"):
+        # integer compute: every weight matmul is MatMulNBits, none is left in float
+        bits = {"int4": 4}.get(kind, 8)
+        nbits = [n for n in draft.graph.node if n.op_type == "MatMulNBits"]
+        weights = {t.name for t in draft.graph.initializer}
+        weights |= {n.output[0] for n in draft.graph.node if n.op_type == "Transpose" and n.input[0] in weights}
+        float_weight_matmuls = [n.name for n in draft.graph.node
+                                if n.op_type == "MatMul" and set(n.input) & weights]
+        assert nbits and not float_weight_matmuls and "Attention" not in ops
+        for node in nbits:
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            assert attrs["bits"] == bits and attrs["accuracy_level"] == 4
+            assert attrs["block_size"] == (16 if bits == 4 else 32)
+        assert m.graph("draft").precision == ("int8" if kind == "mixed" else kind)
+        assert m.row_check["passed"] and set(m.row_check["max_diff"].values()) == {0.0}
     if kind == "mixed":
         verify = onnx.load(str(bundle / m.graph("verify").file), load_external_data=False)
-        assert "DequantizeLinear" not in {n.op_type for n in verify.graph.node}
+        assert "MatMulNBits" not in {n.op_type for n in verify.graph.node}
         assert m.precision == "draft:int8+head:fp32+verify:fp32"
     if kind == "fp8":
         assert "DequantizeLinear" in ops and onnx.TensorProto.FLOAT8E4M3FN in types
@@ -61,8 +72,9 @@ def test_precision_plan_rules(tiny_bundle):
     m = manifest_io.read(tiny_bundle)
     assert graph_precisions(m, "int8", "fp8", None) == {"draft": "fp8", "verify": "int8", "head": "int8"}
     assert graph_precisions(m, "fp32", "fp16", None)["draft"] == "fp16"
+    assert graph_precisions(m, "int4", None, "int8")["verify"] == "int8"
     with pytest.raises(ConfigError, match="unknown"):
-        graph_precisions(m, "int4", None, None)
+        graph_precisions(m, "int3", None, None)
 
 
 def test_quantizing_a_quantized_bundle_is_refused(quantized, tmp_path):
@@ -80,7 +92,7 @@ def test_weight_only_graphs_fold_their_dequantization(quantized):
             folded = options.get_session_config_entry("session.disable_quant_qdq")
         except RuntimeError:  # not set
             folded = None
-    assert folded == ("1" if kind in ("int8", "fp8", "mixed") else None)
+    assert folded == ("1" if kind == "fp8" else None)
 
 
 def test_quantizing_in_place_replaces_the_bundle_only_once_whole(tiny_bundle, tmp_path, monkeypatch):

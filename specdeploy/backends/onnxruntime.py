@@ -29,7 +29,7 @@ def session_options(threads: int | None = None, log_severity: int = 3,
     per op (docs/benchmarks.md: plain decoding 52 → 65 tok/s on 2 cores once pools spin). Draft,
     verify and head sessions alternate, so a pool still spinning after its run would fight the next
     session for the same cores: each pool spins while its session runs and stops when the run ends.
-    `fold_dequantize` (weight-only int8/fp8 graphs): dequantize the weights once at load instead of
+    `fold_dequantize` (weight-only fp8 graphs): dequantize the weights once at load instead of
     letting ONNX Runtime fuse them into kernels that quantize activations per call, whose results
     depend on how many rows a call carries and so break greedy identity with plain decoding.
     """
@@ -137,7 +137,7 @@ def load_stages(bundle: Path, manifest: Manifest, provider: str | None = None, t
         path = Path(bundle) / graph.file
         try:
             session = ort.InferenceSession(
-                str(path), session_options(threads, log_severity, graph.precision in ("int8", "fp8")),
+                str(path), session_options(threads, log_severity, graph.precision == "fp8"),
                 providers=providers,
                 provider_options=options,
             )

@@ -68,6 +68,7 @@ class Manifest:
     calibration: dict | None = None
     quality: dict | None = None
     tensorrt: dict | None = None              # engines built for one TensorRT version and GPU
+    row_check: dict | None = None             # runtime.row_check result: passed, max_diff, machine
     opset: int = DEFAULT_OPSET              # 23 = ScatterND KV writes, for ONNX Runtime < 1.25
     schema_version: int = SCHEMA_VERSION
     format: str = FORMAT

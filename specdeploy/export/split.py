@@ -10,7 +10,6 @@ import functools
 import inspect
 
 import torch
-import torch.nn.functional as F
 import transformers
 
 from ..constants import DEFAULT_OPSET
@@ -21,37 +20,39 @@ ATTN_IMPLEMENTATION = "specdeploy"
 def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """Attention over the valid prefix of the static cache with the caller's explicit bool mask.
 
-    In export this becomes one ONNX `Attention` node with native GQA (no repeat_kv expand).
+    Written out op by op (not ONNX's `Attention` op, whose kernel takes another path for one query
+    row than for several) so that each row's result is bitwise the same however many query rows a
+    call carries: a verify row then equals the one-row step, and speculative output equals plain
+    output by construction at every precision (the bundle's row-independence check asserts it).
     """
     # query [B, Hq, S, D]; key/value [B, Hkv, T, D]; attention_mask bool [B, 1, S, T]
-    if kwargs.get("softcap"):
-        return _softcapped_attention(query, key, value, attention_mask, scaling, kwargs["softcap"]), None
-    if torch.onnx.is_in_onnx_export():
-        out = torch.onnx.ops.attention(
-            query, key, value, attention_mask, scale=scaling,
-            q_num_heads=query.shape[1], kv_num_heads=key.shape[1],
-        )[0]
-    else:
-        out = F.scaled_dot_product_attention(
-            query, key, value, attn_mask=attention_mask, scale=scaling,
-            enable_gqa=query.shape[1] != key.shape[1],
-        )
+    out = _row_independent_attention(query, key, value, attention_mask, scaling, kwargs.get("softcap"))
     return out.transpose(1, 2).contiguous(), None  # [B, S, Hq, D]
 
 
-def _softcapped_attention(query, key, value, attention_mask, scaling, softcap: float):
-    """Attention with logit soft-capping (Gemma 2): cap * tanh(scores / cap), then the mask.
+def _row_independent_attention(query, key, value, attention_mask, scaling, softcap=None):
+    """Softmax(q k^T) v with the query rows of the heads sharing a KV head stacked into one matmul.
 
-    Written out op by op, in eager and in export alike, so the cap comes before the mask exactly
-    as in the Hugging Face model.
+    Stacking gives native GQA without repeating K/V and keeps every matmul at two rows or more
+    (one-row matmuls take a separate kernel); a KV head serving one query head stacks its rows
+    twice. Soft-capping (Gemma 2: cap * tanh(scores / cap)) precedes the mask, as in the model.
     """
-    groups = query.shape[1] // key.shape[1]
-    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)  # [B, Hq, T, D]
-    scores = torch.matmul(query, key.transpose(2, 3)) * scaling                            # [B, Hq, S, T]
-    scores = torch.tanh(scores / softcap) * softcap
-    scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
-    weights = torch.softmax(scores, dim=-1)
-    return torch.matmul(weights, value).transpose(1, 2).contiguous()                       # [B, S, Hq, D]
+    batch, q_heads, rows, dim = query.shape
+    kv_heads = key.shape[1]
+    groups = q_heads // kv_heads
+    scaling = dim ** -0.5 if scaling is None else scaling
+    stacked = (query * scaling).reshape(batch, kv_heads, -1, dim)               # [B, Hkv, G*S, D]
+    mask = attention_mask.expand(batch, 1, rows, -1).repeat(1, 1, groups, 1)  # [B, 1, G*S, T]
+    if groups == 1:
+        stacked, mask = torch.cat([stacked, stacked], dim=2), torch.cat([mask, mask], dim=2)
+    scores = torch.matmul(stacked, key.transpose(2, 3))                        # [B, Hkv, G*S, T]
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = torch.where(mask, scores, torch.finfo(scores.dtype).min)
+    out = torch.matmul(torch.softmax(scores, dim=-1), value)                   # [B, Hkv, G*S, D]
+    if groups == 1:
+        out = out[:, :, :rows]
+    return out.reshape(batch, q_heads, rows, dim)                              # [B, Hq, S, D]
 
 
 transformers.AttentionInterface.register(ATTN_IMPLEMENTATION, _attention)

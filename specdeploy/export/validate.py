@@ -12,7 +12,7 @@ import numpy as np
 from ..errors import ValidationError
 from ..runtime.split_model import SplitModel
 
-LOGITS_ATOL = {"fp32": 1e-3, "fp16": 5e-2, "int8": None, "fp8": None}
+LOGITS_ATOL = {"fp32": 1e-3, "fp16": 5e-2, "int8": None, "int4": None, "fp8": None}
 
 
 def _schedule(model: SplitModel, prompt: list[int], drafts: list[int]) -> list[tuple[str, np.ndarray]]:

@@ -13,6 +13,7 @@ from pathlib import Path
 from ..bundle import io_names
 from ..bundle import manifest as manifest_io
 from ..bundle.manifest import GraphInfo, Manifest
+from ..runtime import row_check
 
 
 def decoder_graphs(k: int, num_layers: int) -> dict[str, GraphInfo]:
@@ -117,5 +118,7 @@ def write_bundle(model, tokenizer, config, staging: Path, draft: DraftHead | Non
         diffs = validate_bundle(model, staging, manifest, adapter, vocab_ids)
         extra["validation_max_abs_diff"] = diffs
         echo(f"validated against the PyTorch reference: max |logit difference| {max(diffs.values()):.2g}")
+    manifest = manifest.replace(row_check=row_check.require(staging, manifest, echo))
     manifest_io.write(staging, manifest)
     return manifest
+

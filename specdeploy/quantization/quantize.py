@@ -1,18 +1,19 @@
-"""INT8 / FP8 / FP16 versions of a bundle's graphs.
+"""Quantized versions of a bundle's graphs: INT4 / INT8 compute, FP8 / FP16 weight-only.
 
-All three are weight-only explicit quantization: per-channel int8 (or E4M3) weights behind
-DequantizeLinear, or float16 weights behind Cast, with float32 activations and KV; the MLP down
-projections stay float. That is the form TensorRT's explicit-quantization path builds from, and on
-the CPU ONNX Runtime dequantizes the weights once at load.
+* int4, int8 (compute.py): every weight matmul as `MatMulNBits`, whose integer kernels quantize
+  activations per row, so a row's result does not depend on the other rows of a call. What ONNX
+  Runtime runs on the CPU (and its CUDA provider); TensorRT gets a DequantizeLinear form of the
+  same weights (tensorrt_form.py).
+* fp8, fp16: weight-only, E4M3 weights behind DequantizeLinear (per channel; the MLP down
+  projections stay float) or float16 weights behind Cast, float32 activations and KV: the forms
+  TensorRT's explicit-quantization path builds from; ONNX Runtime dequantizes them once at load.
 
-Why weight-only: quantizing activations (static, calibrated Q/DQ pairs; measured 1.5× faster on
-the CPU) rounds every intermediate result, which turns the last-bit differences between a one-row
-and a many-row matmul into different tokens: greedy speculative output stopped matching plain
-output on the example model. Exactness is the product's promise, so activations stay float.
+Every quantized bundle passes the row-independence check (runtime.row_check) before it is
+installed: its greedy speculative output then equals its greedy plain output by construction.
 
-The calibration run still feeds every graph real inputs (prompt tokens to the draft graph, the exit
-hidden states the draft graph produces to the verify graph, the hidden states that reach the heads):
-the quantizer needs them to trace the graphs, and they validate that each graph runs.
+FP8 calibration feeds every graph real inputs (prompt tokens to the draft graph, the exit hidden
+states the draft graph produces to the verify graph, the hidden states that reach the heads): the
+quantizer needs them to trace the graphs, and they validate that each graph runs.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from ..bundle import io_names
 from ..bundle import manifest as manifest_io
 from ..constants import PRECISIONS
 from ..errors import ConfigError, require
+from .compute import FORMS as COMPUTE_FORMS, quantize_graph
 from .rewrites import drop_activation_qdq, float_matmuls, fold_weight_transposes, int8_weights_to_fp8, to_fp16
 
 log = logging.getLogger("specdeploy")
@@ -81,8 +83,8 @@ def _decoder_feed(manifest, graph: str, first: str, value: np.ndarray) -> Callab
     return make
 
 
-def _quantize_static(src: Path, dst: Path, reader, precision: str) -> None:
-    """Weight-only INT8 (per-channel symmetric) Q/DQ; FP8 re-quantizes the same weights to E4M3.
+def _quantize_fp8(src: Path, dst: Path, reader) -> None:
+    """Weight-only FP8: per-channel symmetric INT8 Q/DQ from ONNX Runtime's quantizer, re-quantized to E4M3.
 
     ONNX Runtime's quantizer inserts activation pairs too; they are removed (see module docstring).
     """
@@ -100,8 +102,7 @@ def _quantize_static(src: Path, dst: Path, reader, precision: str) -> None:
     )
     model = onnx.load(str(dst))
     drop_activation_qdq(model)  # weight-only: see rewrites.drop_activation_qdq
-    if precision == "fp8":
-        int8_weights_to_fp8(model)
+    int8_weights_to_fp8(model)
     dst.unlink()
     for data in dst.parent.glob(dst.name + "*.data"):
         data.unlink()
@@ -118,12 +119,22 @@ def graph_precisions(manifest, precision: str, draft: str | None, verify: str | 
     return {name: by_graph[name] for name in manifest.graphs}
 
 
+def _quantize_graph(src: Path, dst: Path, precision: str, method: str, feeds) -> None:
+    if precision in COMPUTE_FORMS:
+        quantize_graph(src, dst, precision, method)
+    elif precision == "fp8":
+        _quantize_fp8(src, dst, _Reader(feeds))
+    elif precision == "fp16":
+        to_fp16(src, dst)
+
+
 def quantize_bundle(bundle: Path, precision: str, draft_precision: str | None = None,
                     verify_precision: str | None = None, texts: list[str] | None = None,
-                    echo: Callable[[str], None] = print, **_) -> Path:
+                    echo: Callable[[str], None] = print, method: str = "rtn") -> Path:
     """Rewrite the fp32 bundle at `bundle` in place at the requested precision(s)."""
     require("onnx", "export", "quantizing a bundle")
     from ..bundle import weights
+    from ..runtime import row_check
 
     bundle = Path(bundle)
     manifest = manifest_io.read(bundle)
@@ -131,16 +142,13 @@ def quantize_bundle(bundle: Path, precision: str, draft_precision: str | None = 
         raise ConfigError(f"{bundle} is already {manifest.precision}; quantize an fp32 bundle")
     plan = graph_precisions(manifest, precision, draft_precision, verify_precision)
     texts = texts or _calibration_texts(None)
-    feeds = _calibration_feeds(bundle, manifest, texts) if {"int8", "fp8"} & set(plan.values()) else {}
+    feeds = _calibration_feeds(bundle, manifest, texts) if "fp8" in plan.values() else {}
     with tempfile.TemporaryDirectory(dir=bundle.parent, prefix=".quantize-") as tmp:
         tmp = Path(tmp)
         files = {}
         for name, graph in manifest.graphs.items():
             src, dst = bundle / graph.file, tmp / graph.file
-            if plan[name] in ("int8", "fp8"):
-                _quantize_static(src, dst, _Reader(feeds[name]), plan[name])
-            elif plan[name] == "fp16":
-                to_fp16(src, dst)
+            _quantize_graph(src, dst, plan[name], method, feeds.get(name))
             files[Path(graph.file).stem] = dst if plan[name] != "fp32" else src
             echo(f"{name}: {plan[name]}")
         out = tmp / "bundle"
@@ -151,7 +159,8 @@ def quantize_bundle(bundle: Path, precision: str, draft_precision: str | None = 
         for name in manifest.graphs:
             shutil.move(str(out / manifest.graphs[name].file), str(bundle / manifest.graphs[name].file))
         shutil.move(str(out / manifest.weights), str(bundle / manifest.weights))
-    manifest = manifest.replace(graphs=graphs, precision=label)
+    manifest = manifest.replace(graphs=graphs, precision=label, row_check=None)
+    manifest = manifest.replace(row_check=row_check.require(bundle, manifest, echo))
     manifest_io.write(bundle, manifest)
     return bundle
 
@@ -165,7 +174,7 @@ def _calibration_texts(prompts_file: Path | None) -> list[str]:
 
 def quantized_copy(source: Path, target: Path, precision: str, draft_precision: str | None = None,
                    verify_precision: str | None = None, prompts_file: Path | None = None,
-                   echo: Callable[[str], None] = print, report: bool = True) -> Path:
+                   echo: Callable[[str], None] = print, report: bool = True, method: str = "rtn") -> Path:
     """Copy the fp32 bundle `source` to the new directory `target`, quantize it, measure its quality.
 
     The quality report (top-1 agreement with fp32 and perplexity on held-out text, acceptance,
@@ -174,7 +183,7 @@ def quantized_copy(source: Path, target: Path, precision: str, draft_precision: 
     manifest_io.read(source)
     texts = _calibration_texts(prompts_file)
     shutil.copytree(source, target)
-    quantize_bundle(target, precision, draft_precision, verify_precision, texts, echo)
+    quantize_bundle(target, precision, draft_precision, verify_precision, texts, echo, method)
     if report:
         from . import quality
 
@@ -188,7 +197,7 @@ def quantized_copy(source: Path, target: Path, precision: str, draft_precision: 
 
 def quantize(source: Path, output: Path, precision: str, draft_precision: str | None = None,
              verify_precision: str | None = None, prompts_file: Path | None = None,
-             echo: Callable[[str], None] = print, report: bool = True) -> Path:
+             echo: Callable[[str], None] = print, report: bool = True, method: str = "rtn") -> Path:
     """Write a quantized copy of the fp32 bundle `source` to `output` (which may be `source`).
 
     Built in a staging directory and installed only once whole: a failure leaves `output` as it was.
@@ -199,7 +208,8 @@ def quantize(source: Path, output: Path, precision: str, draft_precision: str | 
     manifest_io.read(source)
     with staging_dir(output, ".quantize-") as staging:
         target = staging.with_name("quantized")
-        quantized_copy(source, target, precision, draft_precision, verify_precision, prompts_file, echo, report)
+        quantized_copy(source, target, precision, draft_precision, verify_precision, prompts_file, echo, report,
+                       method)
         install(target, output)
     return Path(output).resolve()
 

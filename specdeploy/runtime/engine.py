@@ -16,6 +16,7 @@ from ..bundle import manifest as manifest_io
 from ..config import GenerationConfig
 from ..constants import DEFAULT_BACKEND
 from ..errors import ConfigError
+from . import row_check
 from .decoder import Decoder
 from .settings import DecodeSettings
 from .split_model import SplitModel
@@ -51,6 +52,12 @@ class Engine:
         self.tokenizer = Tokenizer(self.bundle / m.tokenizer, template, m.model.bos_token_id)
         stages = load_stages(self.bundle, m, backend=backend, provider=provider, threads=threads)
         self.model = SplitModel(m, stages)
+        if backend == "onnxruntime":
+            try:
+                self.row_check = row_check.verify_at_load(self.model, provider or "cpu")
+            except Exception:
+                self.model.close()
+                raise
         vocab = np.load(self.bundle / m.draft_vocab) if m.draft_vocab else None
         self.decoder = Decoder(self.model, vocab, m.confidence_threshold)
 
