@@ -9,7 +9,7 @@ import click
 
 from .constants import (BACKENDS, DEFAULT_BACKEND, DEFAULT_BUNDLE, DEFAULT_DRAFT_SOURCE, DEFAULT_LOOKUP_NGRAM,
                         DEFAULT_MAX_CONTEXT, DEFAULT_NUM_DRAFT_TOKENS, DEFAULT_OPSET, OPSETS, PRECISIONS, PROVIDERS,
-                        QUANTIZED_PRECISIONS, SOURCES)
+                        QUANTIZED_PRECISIONS, QUANT_METHODS, SOURCES)
 from .errors import SpecDeployError
 
 PRECISION = click.Choice(PRECISIONS)
@@ -75,8 +75,12 @@ def _precision_options(choices=PRECISION, default="fp32"):
                          help="Override for the verify graph and head.")(f)
         f = click.option("--draft-precision", type=PRECISION, default=None,
                          help="Override for the draft graph and draft head.")(f)
+        f = click.option("--method", type=click.Choice(QUANT_METHODS), default="rtn", show_default=True,
+                         help="How int4/int8 blocks are rounded: round to nearest, per-block squared-error "
+                              "scales, or ONNX Runtime's own quantizer (no exact TensorRT form at int8).")(f)
         return click.option("--precision", type=choices, default=default, required=default is None,
-                            show_default=default is not None)(f)
+                            show_default=default is not None,
+                            help="int4/int8: integer compute (MatMulNBits); fp16/fp8: weight-only.")(f)
     return decorate
 
 
@@ -109,7 +113,7 @@ def _ngram_option(default=DEFAULT_LOOKUP_NGRAM, purpose="recorded as the default
 @click.option("--opset", type=click.Choice([str(o) for o in OPSETS]), default=str(DEFAULT_OPSET), show_default=True,
               help="23: for ONNX Runtime 1.23 (the newest on Python 3.10, e.g. JetPack 6).")
 def export(model, exit_layer, num_draft_tokens, max_context, output, draft_source, lookup_ngram, calibrate, precision,
-           draft_precision, verify_precision, prompts_file, no_validate, backend, opset):
+           draft_precision, verify_precision, method, prompts_file, no_validate, backend, opset):
     """Split MODEL (Hugging Face directory or .gguf) into a bundle of draft/verify graphs."""
     from .export import ExportConfig, export as run_export
 
@@ -118,7 +122,8 @@ def export(model, exit_layer, num_draft_tokens, max_context, output, draft_sourc
         num_draft_tokens=_int_or_auto(num_draft_tokens, "--num-draft-tokens"),
         max_context=max_context, output=output, draft_source=draft_source, lookup_ngram=lookup_ngram,
         calibrate=calibrate, precision=precision, validate=not no_validate, prompts_file=prompts_file,
-        draft_precision=draft_precision, verify_precision=verify_precision, backend=backend, opset=int(opset),
+        draft_precision=draft_precision, verify_precision=verify_precision, method=method, backend=backend,
+        opset=int(opset),
     )
     click.echo(f"bundle written to {run_export(config, echo=click.echo)}")
 
@@ -133,7 +138,7 @@ def export(model, exit_layer, num_draft_tokens, max_context, output, draft_sourc
 @_ngram_option()
 @_precision_options()
 def calibrate(model, exit_layer, num_draft_tokens, max_context, output, prompts_file, lookup_ngram, precision,
-              draft_precision, verify_precision):
+              draft_precision, verify_precision, method):
     """Calibrate early exit (adapter, draft vocabulary, autotune) and export a bundle.
 
     MODEL is a Hugging Face directory, a .gguf file, or an existing bundle (re-calibrated from the
@@ -145,6 +150,7 @@ def calibrate(model, exit_layer, num_draft_tokens, max_context, output, prompts_
         num_draft_tokens=_int_or_auto(num_draft_tokens, "--num-draft-tokens"),
         max_context=max_context, output=output, calibrate=True, precision=precision, lookup_ngram=lookup_ngram,
         prompts_file=prompts_file, draft_precision=draft_precision, verify_precision=verify_precision,
+        method=method,
     )
     click.echo(f"calibrated bundle written to {run_export(config, echo=click.echo)}")
 
@@ -187,11 +193,14 @@ def generate(bundle, prompt, max_tokens, temperature, greedy, top_k, top_p, seed
 @_prompts_option
 @click.option("--output", "-o", type=click.Path(path_type=Path), required=True,
               help="Where to write the quantized bundle (may be BUNDLE itself: replaced only once whole).")
-def quantize(bundle, precision, draft_precision, verify_precision, prompts_file, output):
+@click.option("--tensorrt", is_flag=True,
+              help="Also write the DequantizeLinear form of int4/int8 graphs that build-engines builds from.")
+def quantize(bundle, precision, draft_precision, verify_precision, method, prompts_file, output, tensorrt):
     """Write a quantized copy of the fp32 BUNDLE and print its quality report."""
     from .quantization.quantize import quantize as run_quantize
 
-    path = run_quantize(bundle, output, precision, draft_precision, verify_precision, prompts_file, click.echo)
+    path = run_quantize(bundle, output, precision, draft_precision, verify_precision, prompts_file, click.echo,
+                        method=method, tensorrt=tensorrt)
     click.echo(f"quantized bundle written to {path}")
 
 
@@ -243,7 +252,13 @@ def serve(bundle, host, port, max_queue, model_name, provider, backend):
 @click.option("--repeats", type=int, default=None, help="Repeats per mode (median; default 3).")
 @click.option("--prompts-per-category", type=int, default=None)
 @click.option("--greedy-only", is_flag=True, help="Skip the temperature-1 runs.")
-@click.option("--compare", is_flag=True, help="Also time HF generate, HF assistant_early_exit and Optimum (needs --model).")
+@click.option("--compare", is_flag=True,
+              help="Instead: BUNDLE (and --also bundles) beside ONNX Runtime GenAI, llama.cpp, Optimum and HF "
+                   "generate on the same prompts, one run (needs --model; scripts/setup_peers.sh).")
+@click.option("--also", "also", multiple=True, type=click.Path(path_type=Path),
+              help="With --compare: more bundles to run (e.g. the int8 and int4 ones).")
+@click.option("--peers", "peer_names", default=None,
+              help="With --compare: comma-separated subset of ortgenai-fp32,ortgenai-int8,ortgenai-int4,llama.cpp,optimum,hf.")
 @click.option("--sweep", is_flag=True, help="Sweep draft length (and --sweep-exits with --model).")
 @click.option("--sweep-exits", default="", help="Comma-separated exit layers for --sweep.")
 @click.option("--model", "model", type=click.Path(exists=True, path_type=Path), default=None,
@@ -252,17 +267,23 @@ def serve(bundle, host, port, max_queue, model_name, provider, backend):
               help="Lookup n-gram range for the lookup/hybrid runs and the bound (default: the bundle's).")
 @click.option("--output-dir", "-o", type=click.Path(path_type=Path), default=Path("bench-results"), show_default=True)
 @click.option("--no-plots", is_flag=True)
-def bench(bundle, prompts_file, quick, max_tokens, repeats, prompts_per_category, greedy_only, compare, sweep,
-          sweep_exits, model, lookup_ngram, output_dir, no_plots):
+def bench(bundle, prompts_file, quick, max_tokens, repeats, prompts_per_category, greedy_only, compare, also,
+          peer_names, sweep, sweep_exits, model, lookup_ngram, output_dir, no_plots):
     """Benchmark speculative vs plain decoding on BUNDLE (per category, greedy and T=1)."""
     from .bench.runner import BenchConfig, bench as run_bench
     from .bench.report import markdown
 
+    if compare:
+        from .bench.peers import compare_command
+
+        compare_command(bundle, also, model, peer_names, max_tokens, repeats, prompts_per_category,
+                        output_dir, not no_plots, click.echo)
+        return
     try:
         exits = tuple(int(k) for k in sweep_exits.split(",") if k.strip())
     except ValueError:
         raise click.BadParameter("--sweep-exits must be comma-separated integers") from None
-    options = dict(bundle=bundle, prompts_file=prompts_file, compare=compare, sweep=sweep,
+    options = dict(bundle=bundle, prompts_file=prompts_file, sweep=sweep,
                    sweep_exits=exits, compare_model=model, output_dir=output_dir, plots=not no_plots,
                    lookup_ngram=lookup_ngram)
     if greedy_only:

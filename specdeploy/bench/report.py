@@ -81,14 +81,6 @@ def markdown(results: dict) -> str:
         lines.append("")
     if "lookup_bound" in results:
         lines += _bound_lines(results)
-    if "compare" in results:
-        lines += ["## other runtimes (same model, prompts and machine; greedy)", "",
-                  "| runtime | tok/s | vs specdeploy plain | note |", "|---|---|---|---|"]
-        for name, r in results["compare"].items():
-            tps = f"{r['tokens_per_second']:.1f}" if r.get("tokens_per_second") else "-"
-            ratio = f"{r['vs_specdeploy_plain']:.2f}×" if r.get("vs_specdeploy_plain") else "-"
-            lines.append(f"| {name} | {tps} | {ratio} | {r.get('skipped') or r.get('note', '')} |")
-        lines.append("")
     if "sweep" in results:
         lines += ["## sweep: exit layer × draft length (greedy, early exit)", "",
                   "| k | γ | α | τ | c | predicted | measured |", "|---|---|---|---|---|---|---|"]

@@ -25,8 +25,7 @@ class BenchConfig:
     repeats: int = 3
     prompts_per_category: int | None = None
     temperatures: tuple[float, ...] = (0.0, 1.0)
-    compare_model: Path | None = None   # with --compare: the source model for HF / Optimum
-    compare: bool = False
+    compare_model: Path | None = None   # the source model, for --sweep-exits
     sweep: bool = False
     sweep_gammas: tuple[int, ...] = (1, 2, 3, 4, 6, 8)
     sweep_exits: tuple[int, ...] = ()
@@ -161,10 +160,6 @@ def run(config: BenchConfig) -> dict:
             from .sweep import sweep
 
             results["sweep"] = sweep(engine, config, prompt_set)
-    if config.compare:
-        from .compare import compare
-
-        results["compare"] = compare(config, prompt_set, results)
     results["machine"] = machine_info()
     return results
 

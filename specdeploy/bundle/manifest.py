@@ -42,6 +42,7 @@ class GraphInfo:
     outputs: tuple[str, ...]
     kv_layers: tuple[int, int] | None = None  # [first, last) or None for head graphs
     precision: str = "fp32"
+    tensorrt_file: str | None = None  # int4/int8: the DequantizeLinear form TensorRT builds from
 
     @property
     def layers(self) -> range:
@@ -96,6 +97,7 @@ def _graph_from(d: dict) -> GraphInfo:
     return GraphInfo(
         file=d["file"], inputs=tuple(d["inputs"]), outputs=tuple(d["outputs"]),
         kv_layers=tuple(kv) if kv else None, precision=d.get("precision", "fp32"),
+        tensorrt_file=d.get("tensorrt_file"),
     )
 
 

@@ -76,11 +76,24 @@ def measure_end_to_end(bundle: Path, held_convs, gammas, cal: CalibrationConfig,
     return speedups
 
 
-def decide_defaults(speedups: dict[str, float]) -> tuple[str, int, bool]:
+MARGIN = 0.03  # a measured gain must exceed this before a riskier choice replaces a safer one
+
+
+def decide_defaults(speedups: dict[str, float], margin: float = MARGIN) -> tuple[str, int, bool]:
     """(draft source, num_draft_tokens, speculate by default) from measured speedups keyed "source/γ".
 
-    If no speculative configuration beat plain decoding, the bundle defaults to plain decoding.
+    Measurements on a busy machine are noisy, so each step away from the safer choice needs a
+    margin: early exit replaces the hybrid (which prices its own fallback to plain steps) only when
+    it measured more than `margin` faster, and speculation is the default only when the pick beat
+    plain decoding by more than `margin` (so a default is never measurably slower than plain).
     """
-    best = max(speedups, key=speedups.get)
+    def best_of(source):
+        named = {k: v for k, v in speedups.items() if k.startswith(source + "/")}
+        return max(named, key=named.get) if named else None
+
+    best = best_of("hybrid") or max(speedups, key=speedups.get)
+    early = best_of("early_exit")
+    if early and speedups[early] > speedups[best] * (1 + margin):
+        best = early
     source, gamma = best.split("/")
-    return source, int(gamma), speedups[best] >= 1.0
+    return source, int(gamma), speedups[best] > 1 + margin

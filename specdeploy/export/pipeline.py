@@ -16,7 +16,7 @@ from typing import Callable
 from ..config import check_ngram, check_num_draft_tokens, check_source
 from ..constants import (BACKENDS, DEFAULT_BACKEND, DEFAULT_BUNDLE, DEFAULT_DRAFT_SOURCE, DEFAULT_LOOKUP_NGRAM,
                          DEFAULT_MAX_CONTEXT, DEFAULT_NUM_DRAFT_TOKENS, DEFAULT_OPSET, MAX_CONTEXT_RANGE,
-                         OPSETS, PRECISIONS)
+                         OPSETS, PRECISIONS, QUANT_METHODS)
 from ..errors import ConfigError
 
 
@@ -35,6 +35,7 @@ class ExportConfig:
     precision: str = "fp32"
     draft_precision: str | None = None             # None: `precision`
     verify_precision: str | None = None            # None: `precision`
+    method: str = "rtn"                            # int4/int8 weights: rtn (ONNX Runtime's) or mse
     prompts_file: Path | None = None               # extra calibration prompts (JSONL)
     validate: bool = True
     backend: str = DEFAULT_BACKEND                 # "tensorrt": also build engines on this machine
@@ -57,6 +58,8 @@ class ExportConfig:
         for p in (self.precision, self.draft_precision, self.verify_precision):
             if p is not None and p not in PRECISIONS:
                 raise ConfigError(f"precision='{p}' is unknown; pick one of {', '.join(PRECISIONS)}")
+        if self.method not in QUANT_METHODS:
+            raise ConfigError(f"method='{self.method}' is unknown; pick one of {', '.join(QUANT_METHODS)}")
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend='{self.backend}' is unknown; pick one of {', '.join(BACKENDS)}")
 
@@ -118,7 +121,7 @@ def _quantized(fp32: Path, config: ExportConfig, echo) -> Path:
 
     target = fp32.with_name("quantized")
     quantized_copy(fp32, target, config.precision, config.draft_precision, config.verify_precision,
-                   config.prompts_file, echo)
+                   config.prompts_file, echo, method=config.method, tensorrt=config.backend == "tensorrt")
     shutil.rmtree(fp32)
     return target
 

@@ -7,18 +7,27 @@ for 8 bits at every block size and for 4 bits at block 16, but not for 4 bits at
 symmetric int4 in blocks of 16 (integer zero points: float ones run a ~70x slower path), and every
 bundle made with them is checked row by row (runtime.row_check) before it is installed.
 
-The weights come from ONNX Runtime's own quantizer (round-to-nearest by default; HQQ optional).
+Methods (all in MatMulNBits' layout, same kernels): "rtn" rounds to nearest with each block's
+largest magnitude on the grid and a positive scale (nbits.py); "mse" picks each block's scale by
+squared error; "ort" is ONNX Runtime's own quantizer (matmul_nbits_quantizer, RTN), which puts a
+positive extreme at -8 with a negative scale: TensorRT accepts only positive scales, so its int8
+weights have no exact TensorRT form, hence not the default.
+ONNX Runtime's HQQ was measured and is not offered: its float zero points run a ~9x slower path
+whose rows are not independent.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 from pathlib import Path
 
+from ..constants import QUANT_METHODS as METHODS
 from ..errors import ConfigError
 from .rewrites import fold_weight_transposes
 
-METHODS = ("rtn", "hqq")
 ACCURACY_LEVEL = 4  # int8 activations, integer accumulation
+TIED_TOLERANCE = 0.3  # relative error below which the head's blocks are taken as the embedding's
 
 
 @dataclass(frozen=True)
@@ -33,13 +42,9 @@ FORMS = {"int4": ComputeForm(bits=4, block_size=16), "int8": ComputeForm(bits=8,
 def _algo_config(form: ComputeForm, method: str):
     from onnxruntime.quantization import matmul_nbits_quantizer as mnb
 
-    if method == "rtn":
+    if method == "ort":
         return mnb.DefaultWeightOnlyQuantConfig(block_size=form.block_size, is_symmetric=True,
                                                 accuracy_level=ACCURACY_LEVEL, bits=form.bits)
-    if method == "hqq":
-        if form.bits != 4:
-            raise ConfigError("--method hqq quantizes to 4 bits only; use it with --precision int4")
-        return mnb.HQQWeightOnlyQuantConfig(block_size=form.block_size, bits=form.bits)
     raise ConfigError(f"quantization method '{method}' is unknown; pick one of {', '.join(METHODS)}")
 
 
@@ -55,21 +60,109 @@ def quantize_graph(src: Path, dst: Path, precision: str, method: str = "rtn") ->
     from onnxruntime.quantization import matmul_nbits_quantizer as mnb
 
     logging.getLogger("onnxruntime.quantization").setLevel(logging.WARNING)
+    if method not in METHODS:
+        raise ConfigError(f"quantization method '{method}' is unknown; pick one of {', '.join(METHODS)}")
     model = onnx.load(str(src))
     fold_weight_transposes(model)
+    if method != "ort":
+        _own_blocks(model, FORMS[precision], "absmax" if method == "rtn" else method)
+        onnx.save(model, str(dst), save_as_external_data=True, location=dst.name + ".data")
+        return
     quantizer = mnb.MatMulNBitsQuantizer(model, algo_config=_algo_config(FORMS[precision], method),
                                          accuracy_level=ACCURACY_LEVEL)
     quantizer.process()
-    set_accuracy_level(quantizer.model.model)
     quantizer.model.save_model_to_file(str(dst), use_external_data_format=True)
 
 
-def set_accuracy_level(model) -> None:
-    """Every MatMulNBits at ACCURACY_LEVEL (HQQ's quantizer leaves it unset, i.e. float compute)."""
-    from onnx import helper
+def _own_blocks(model, form: ComputeForm, method: str) -> int:
+    """Every MatMul with an initializer weight [K, N] as MatMulNBits over nbits.quantize blocks."""
+    from onnx import helper, numpy_helper
 
+    from . import nbits
+
+    inits = {t.name: t for t in model.graph.initializer}
+    nodes, count = [], 0
     for node in model.graph.node:
-        if node.op_type == "MatMulNBits":
-            kept = [a for a in node.attribute if a.name != "accuracy_level"]
-            del node.attribute[:]
-            node.attribute.extend(kept + [helper.make_attribute("accuracy_level", ACCURACY_LEVEL)])
+        weight = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
+        if weight is None or len(weight.dims) != 2 or weight.dims[0] % form.block_size:
+            nodes.append(node)
+            continue
+        blocks = nbits.quantize(numpy_helper.to_array(weight), form.bits, form.block_size, method)
+        nodes.append(nbits.matmul_node(model, node, weight.name, blocks, ACCURACY_LEVEL))
+        count += 1
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    used = {i for n in model.graph.node for i in n.input}
+    for t in [t for t in model.graph.initializer if t.name not in used]:
+        model.graph.initializer.remove(t)
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return count
+
+
+def quantize_embedding(draft: Path, head: Path, precision: str) -> bool:
+    """The draft graph's embedding Gather as GatherBlockQuantized, in place; True if rewritten.
+
+    A tied embedding reads the LM head's MatMulNBits bytes (the shared weights file stores them
+    once); an untied one is block-quantized the same way. Either way it no longer costs fp32.
+    """
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from . import nbits
+
+    form = FORMS[precision]
+    model = onnx.load(str(draft))
+    inits = {t.name: t for t in model.graph.initializer}
+    gather = next((n for n in model.graph.node if n.op_type == "Gather" and n.input[0] in inits
+                   and len(inits[n.input[0]].dims) == 2), None)
+    if gather is None:
+        return False
+    table = numpy_helper.to_array(inits[gather.input[0]])                       # [V, H] float32
+    if table.shape[1] % form.block_size:
+        return False
+    blocks = _tied_head_blocks(head, table, form) or nbits.quantize(table.T, form.bits, form.block_size, "absmax")
+    b, scales = nbits.pack(blocks)
+    vocab, n_blocks = blocks.q.shape[:2]
+    name = gather.input[0]
+    model.graph.initializer.extend([numpy_helper.from_array(b.reshape(vocab, -1), name + ".q"),
+                                    numpy_helper.from_array(scales.reshape(vocab, n_blocks), name + ".qscales")])
+    replacement = helper.make_node(
+        "GatherBlockQuantized", [name + ".q", gather.input[1], name + ".qscales"], list(gather.output),
+        name=gather.name + ".quantized", domain="com.microsoft", gather_axis=0, quantize_axis=1,
+        block_size=form.block_size, bits=form.bits)
+    nodes = [replacement if n is gather else n for n in model.graph.node]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    model.graph.initializer.remove(inits[name])
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    data = draft.with_name(draft.name + ".data")
+    data.unlink(missing_ok=True)
+    onnx.save(model, str(draft), save_as_external_data=True, location=data.name)
+    return True
+
+
+def _tied_head_blocks(head: Path, table, form: ComputeForm):
+    """The LM head's blocks when they quantize exactly `table` (a tied embedding), else None."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from . import nbits
+
+    model = onnx.load(str(head))
+    inits = {t.name: t for t in model.graph.initializer}
+    for node in model.graph.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type != "MatMulNBits" or attrs.get("N") != table.shape[0] or len(node.input) > 3:
+            continue
+        blocks = nbits.unpack(numpy_helper.to_array(inits[node.input[1]]),
+                              numpy_helper.to_array(inits[node.input[2]]), attrs["bits"], attrs["block_size"])
+        if attrs["bits"] != form.bits or blocks.block != form.block_size:
+            continue
+        # tied: the head's blocks quantize this very table (4-bit relative error ~0.1; an untied
+        # head's weights are unrelated, error ~1.4)
+        error = np.linalg.norm(blocks.dequantize() - table.T) / max(np.linalg.norm(table), 1e-12)
+        if error < TIED_TOLERANCE:
+            return blocks
+    return None

@@ -30,7 +30,7 @@ from ..bundle import io_names
 from ..bundle import manifest as manifest_io
 from ..constants import PRECISIONS
 from ..errors import ConfigError, require
-from .compute import FORMS as COMPUTE_FORMS, quantize_graph
+from .compute import FORMS as COMPUTE_FORMS, quantize_embedding, quantize_graph
 from .rewrites import drop_activation_qdq, float_matmuls, fold_weight_transposes, int8_weights_to_fp8, to_fp16
 
 log = logging.getLogger("specdeploy")
@@ -130,8 +130,11 @@ def _quantize_graph(src: Path, dst: Path, precision: str, method: str, feeds) ->
 
 def quantize_bundle(bundle: Path, precision: str, draft_precision: str | None = None,
                     verify_precision: str | None = None, texts: list[str] | None = None,
-                    echo: Callable[[str], None] = print, method: str = "rtn") -> Path:
-    """Rewrite the fp32 bundle at `bundle` in place at the requested precision(s)."""
+                    echo: Callable[[str], None] = print, method: str = "rtn", tensorrt: bool = False) -> Path:
+    """Rewrite the fp32 bundle at `bundle` in place at the requested precision(s).
+
+    `tensorrt`: also write the DequantizeLinear form of each int4/int8 graph (tensorrt_form.py).
+    """
     require("onnx", "export", "quantizing a bundle")
     from ..bundle import weights
     from ..runtime import row_check
@@ -151,6 +154,10 @@ def quantize_bundle(bundle: Path, precision: str, draft_precision: str | None = 
             _quantize_graph(src, dst, plan[name], method, feeds.get(name))
             files[Path(graph.file).stem] = dst if plan[name] != "fp32" else src
             echo(f"{name}: {plan[name]}")
+        if plan[io_names.DRAFT] in COMPUTE_FORMS and plan[io_names.HEAD] == plan[io_names.DRAFT]:
+            if quantize_embedding(tmp / manifest.graph(io_names.DRAFT).file,
+                                  tmp / manifest.graph(io_names.HEAD).file, plan[io_names.DRAFT]):
+                echo(f"embedding: {plan[io_names.DRAFT]} (GatherBlockQuantized)")
         out = tmp / "bundle"
         out.mkdir()
         weights.share(files, out, manifest.weights)
@@ -159,10 +166,28 @@ def quantize_bundle(bundle: Path, precision: str, draft_precision: str | None = 
         for name in manifest.graphs:
             shutil.move(str(out / manifest.graphs[name].file), str(bundle / manifest.graphs[name].file))
         shutil.move(str(out / manifest.weights), str(bundle / manifest.weights))
+    if tensorrt:
+        graphs = _tensorrt_forms(bundle, graphs, echo)
     manifest = manifest.replace(graphs=graphs, precision=label, row_check=None)
     manifest = manifest.replace(row_check=row_check.require(bundle, manifest, echo))
     manifest_io.write(bundle, manifest)
     return bundle
+
+
+def _tensorrt_forms(bundle: Path, graphs: dict, echo) -> dict:
+    from . import tensorrt_form
+
+    out = dict(graphs)
+    for name, graph in graphs.items():
+        if graph.precision in COMPUTE_FORMS:
+            file = Path(graph.file).stem + tensorrt_form.SUFFIX
+            try:
+                count = tensorrt_form.write(bundle / graph.file, bundle / file)
+            except ValueError as exc:
+                raise ConfigError(f"the {name} graph has no exact TensorRT form: {exc}") from None
+            out[name] = graph.__class__(**{**graph.__dict__, "tensorrt_file": file})
+            echo(f"{name}: TensorRT form {file} ({count} DequantizeLinear weights)")
+    return out
 
 
 def _calibration_texts(prompts_file: Path | None) -> list[str]:
@@ -174,7 +199,8 @@ def _calibration_texts(prompts_file: Path | None) -> list[str]:
 
 def quantized_copy(source: Path, target: Path, precision: str, draft_precision: str | None = None,
                    verify_precision: str | None = None, prompts_file: Path | None = None,
-                   echo: Callable[[str], None] = print, report: bool = True, method: str = "rtn") -> Path:
+                   echo: Callable[[str], None] = print, report: bool = True, method: str = "rtn",
+                   tensorrt: bool = False) -> Path:
     """Copy the fp32 bundle `source` to the new directory `target`, quantize it, measure its quality.
 
     The quality report (top-1 agreement with fp32 and perplexity on held-out text, acceptance,
@@ -183,7 +209,7 @@ def quantized_copy(source: Path, target: Path, precision: str, draft_precision: 
     manifest_io.read(source)
     texts = _calibration_texts(prompts_file)
     shutil.copytree(source, target)
-    quantize_bundle(target, precision, draft_precision, verify_precision, texts, echo, method)
+    quantize_bundle(target, precision, draft_precision, verify_precision, texts, echo, method, tensorrt)
     if report:
         from . import quality
 
@@ -197,7 +223,8 @@ def quantized_copy(source: Path, target: Path, precision: str, draft_precision: 
 
 def quantize(source: Path, output: Path, precision: str, draft_precision: str | None = None,
              verify_precision: str | None = None, prompts_file: Path | None = None,
-             echo: Callable[[str], None] = print, report: bool = True, method: str = "rtn") -> Path:
+             echo: Callable[[str], None] = print, report: bool = True, method: str = "rtn",
+             tensorrt: bool = False) -> Path:
     """Write a quantized copy of the fp32 bundle `source` to `output` (which may be `source`).
 
     Built in a staging directory and installed only once whole: a failure leaves `output` as it was.
@@ -209,7 +236,7 @@ def quantize(source: Path, output: Path, precision: str, draft_precision: str | 
     with staging_dir(output, ".quantize-") as staging:
         target = staging.with_name("quantized")
         quantized_copy(source, target, precision, draft_precision, verify_precision, prompts_file, echo, report,
-                       method)
+                       method, tensorrt)
         install(target, output)
     return Path(output).resolve()
 

@@ -106,6 +106,9 @@ class LookupDrafter:
     def observe(self, source: str, tokens: int, seconds: float) -> None:
         """Round outcomes, reported by the decoder (unused: lookup is free to propose)."""
 
+    def has_match(self, history, num_draft_tokens: int, settings: DecodeSettings) -> bool:
+        return num_draft_tokens > 0 and len(find_continuation(history, num_draft_tokens, *settings.lookup_ngram)) > 0
+
     def draft(self, history, pending: int, start: int, num_draft_tokens: int, settings: DecodeSettings,
               rng) -> Draft | None:
         if num_draft_tokens == 0:
@@ -137,37 +140,41 @@ class RateEstimate:
 class HybridDrafter:
     """Lookup when the context offers a match this round; otherwise early exit or a plain step.
 
-    Whether early exit pays depends on the bundle (calibrated or not) and the text, so at greedy
-    the choice between an early-exit round and a plain round is made from their measured tokens
-    per second (a few rounds of each to start, then the faster one, re-checking the other now and
-    then); greedy output is the same either way. When sampling, the drafts decide which random
-    numbers are drawn, so a timed choice would make a seed give different text from run to run:
-    a round without a lookup match is a plain step.
+    Whether a draft pays depends on the bundle (calibrated or not, fp32 or integer kernels, whose
+    extra verify rows cost far more on CPUs without dot-product instructions) and on the text, so
+    at greedy each kind of round is priced against plain rounds from measured tokens per second:
+    a few rounds of each to start, then a source is used only while it is not slower than plain,
+    re-checking the other choice now and then; greedy output is the same either way. When
+    sampling, the drafts decide which random numbers are drawn, so a timed choice would make a seed
+    give different text from run to run: lookup is used whenever it matches and a round without a
+    match is a plain step.
     """
 
     MIN_ROUNDS, EXPLORE_EVERY = 3, 32
 
     def __init__(self, lookup: LookupDrafter, early_exit: EarlyExitDrafter):
         self.lookup, self.early_exit = lookup, early_exit
-        self.rates = {"early_exit": RateEstimate(), "plain": RateEstimate()}
-        self.fallbacks = 0
+        self.rates = {"early_exit": RateEstimate(), "lookup": RateEstimate(), "plain": RateEstimate()}
+        self.choices = 0
 
     def observe(self, source: str, tokens: int, seconds: float) -> None:
         if source in self.rates:
             self.rates[source].add(tokens, seconds)
 
-    def _use_early_exit(self) -> bool:
-        early, plain = self.rates["early_exit"], self.rates["plain"]
-        self.fallbacks += 1
-        if early.rounds < self.MIN_ROUNDS or plain.rounds < self.MIN_ROUNDS:
-            return early.rounds <= plain.rounds
-        faster = early.rate >= plain.rate
-        return faster != (self.fallbacks % self.EXPLORE_EVERY == 0)
+    def _pays(self, source: str) -> bool:
+        mine, plain = self.rates[source], self.rates["plain"]
+        self.choices += 1
+        if mine.rounds < self.MIN_ROUNDS or plain.rounds < self.MIN_ROUNDS:
+            return mine.rounds <= plain.rounds
+        faster = mine.rate >= plain.rate
+        return faster != (self.choices % self.EXPLORE_EVERY == 0)
 
     def draft(self, history, pending, start, num_draft_tokens, settings: DecodeSettings, rng) -> Draft | None:
-        found = self.lookup.draft(history, pending, start, num_draft_tokens, settings, rng)
-        if found is not None:
-            return found
-        if not settings.sampling.greedy or not self._use_early_exit():
-            return None  # a plain step
+        greedy = settings.sampling.greedy
+        if self.lookup.has_match(history, num_draft_tokens, settings):
+            if greedy and not self._pays("lookup"):
+                return None  # a plain step
+            return self.lookup.draft(history, pending, start, num_draft_tokens, settings, rng)
+        if not greedy or not self._pays("early_exit"):
+            return None
         return self.early_exit.draft(history, pending, start, num_draft_tokens, settings, rng)

@@ -147,7 +147,7 @@ def verify_at_load(model, provider: str = "cpu") -> RowCheck | None:
     if not result.passed:
         raise BundleError(
             f"this bundle's {model.manifest.precision} graphs are not row-independent on this machine "
-            f"({describe(result)}), so speculative output would differ from plain output; re-export or "
-            f"re-quantize it on this machine (or with this ONNX Runtime), or use an fp32 bundle"
+            f"({describe(result)}), so speculative output would differ from plain output; re-export it "
+            f"with this specdeploy (or re-quantize it) on this machine and ONNX Runtime"
         )
     return result

@@ -109,13 +109,39 @@ class Network:
         self.flags, self.path = flags, None
 
 
+class _ParserError:
+    def __init__(self, text):
+        self.text = text
+
+    def desc(self):
+        return self.text
+
+
 class OnnxParser:
     def __init__(self, network, logger):
         self.network, self.num_errors = network, 0
 
     def parse_from_file(self, path):
+        """As TensorRT's parser: ONNX Runtime's contrib ops (MatMulNBits, GatherBlockQuantized) fail."""
         self.network.path = path
-        return Path(path).is_file()
+        if not Path(path).is_file():
+            return False
+        import onnx
+
+        model = onnx.load(str(path), load_external_data=False)
+        contrib = sorted({n.op_type for n in model.graph.node if n.domain == "com.microsoft"})
+        if contrib:
+            self.num_errors = 1
+            self.errors = [f"No importer registered for op: {contrib[0]}"]
+            return False
+        self.network.ops = [n.op_type for n in model.graph.node]
+        self.network.dq_blocks = [
+            {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+            for n in model.graph.node if n.op_type == "DequantizeLinear"]
+        return True
+
+    def get_error(self, i):
+        return _ParserError(self.errors[i])
 
 
 class Profile:

@@ -143,3 +143,57 @@ def test_without_tensorrt_the_message_says_what_to_install(tiny_bundle, monkeypa
     monkeypatch.setitem(sys.modules, "tensorrt", None)
     with pytest.raises(MissingDependencyError, match="tensorrt"):
         Engine(tiny_bundle, backend="tensorrt")
+
+
+def _dequantized(model, name):
+    from onnx import numpy_helper
+
+    return numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == name))
+
+
+def test_int4_and_int8_bundles_build_from_their_dequantize_form(tiny_bundle, tmp_path, monkeypatch):
+    """TensorRT gets DequantizeLinear(block_size) weights holding exactly MatMulNBits' values."""
+    import onnx
+
+    from specdeploy.quantization import nbits
+    from specdeploy.quantization.quantize import quantize
+
+    fake_tensorrt.install(monkeypatch)
+    for precision, block in (("int4", 16), ("int8", 32)):
+        bundle = quantize(tiny_bundle, tmp_path / precision, precision, report=False, tensorrt=True,
+                          echo=lambda s: None)
+        manifest = manifest_io.read(bundle)
+        for name, graph in manifest.graphs.items():
+            ort_graph = onnx.load(str(bundle / graph.file))
+            trt_graph = onnx.load(str(bundle / graph.tensorrt_file))
+            assert not [n for n in trt_graph.graph.node if n.domain == "com.microsoft"]
+            dq = {n.output[0]: n for n in trt_graph.graph.node if n.op_type == "DequantizeLinear"}
+            for node in ort_graph.graph.node:
+                if node.op_type != "MatMulNBits":
+                    continue
+                attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+                blocks = nbits.unpack(_dequantized(ort_graph, node.input[1]), _dequantized(ort_graph, node.input[2]),
+                                      attrs["bits"], attrs["block_size"])
+                weight = dq[node.name + ".weight"]
+                q = _dequantized(trt_graph, weight.input[0]).astype(np.float32)            # [K, N]
+                scale = np.repeat(_dequantized(trt_graph, weight.input[1]), block, axis=0)  # [K, N]
+                assert (scale > 0).all()
+                np.testing.assert_array_equal(q * scale, blocks.dequantize())
+        build_engines(bundle, BuildConfig(max_draft_tokens=6, max_prompt=64), echo=lambda s: None)
+        prompt = [int(t) for t in np.random.default_rng(1).integers(2, 96, 10)]
+        cfg = dict(max_new_tokens=20, ignore_eos=True)
+        with Engine(bundle, backend="tensorrt") as engine:
+            plain = engine.generate_ids(prompt, GenerationConfig(speculative=False, **cfg))
+            assert engine.generate_ids(prompt, GenerationConfig(num_draft_tokens=4, **cfg)) == plain
+
+
+def test_an_int4_bundle_without_its_tensorrt_form_says_how_to_make_it(tiny_bundle, tmp_path, monkeypatch):
+    from specdeploy.quantization.quantize import quantize
+
+    fake_tensorrt.install(monkeypatch)
+    bundle = quantize(tiny_bundle, tmp_path / "int4", "int4", report=False, echo=lambda s: None)
+    with pytest.raises(ConfigError, match="quantize --precision int4 --tensorrt"):
+        build_engines(bundle, BuildConfig(max_draft_tokens=6, max_prompt=64), echo=lambda s: None)
+    graph = manifest_io.read(bundle).graph("draft")
+    network = fake_tensorrt.Network()
+    assert not fake_tensorrt.OnnxParser(network, None).parse_from_file(str(bundle / graph.file))

@@ -49,11 +49,25 @@ def test_formula():
 
 
 def test_compare_without_model_says_why(tiny_bundle, tmp_path):
-    result = CliRunner().invoke(main, ["bench", str(tiny_bundle), "--quick", "--greedy-only", "--compare",
-                                       "--prompts-per-category", "1", "--no-plots", "-o", str(tmp_path),
-                                       "--prompts", str(_one_prompt(tmp_path))])
+    result = CliRunner().invoke(main, ["bench", str(tiny_bundle), "--compare", "--no-plots", "-o", str(tmp_path)])
+    assert result.exit_code != 0 and "needs --model" in result.output and "Traceback" not in result.output
+
+
+def test_compare_runs_peers_side_by_side_with_greedy_agreement(tiny_bundle, tiny_model_dir, tmp_path):
+    """Our plain and default rows, Hugging Face generate on the same ids, and a peer that cannot run."""
+    args = ["bench", str(tiny_bundle), "--compare", "--model", str(tiny_model_dir), "--peers", "hf,llama.cpp",
+            "--max-tokens", "8", "--repeats", "1", "--prompts-per-category", "1", "-o", str(tmp_path)]
+    result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    assert "needs --model" in result.output
+    saved = json.loads((tmp_path / "peers.json").read_text())
+    rows = {r["runtime"]: r for r in saved["rows"]}
+    assert saved["reference"] == "specdeploy fp32 plain" and len(saved["categories"]) == 7
+    default = rows["specdeploy fp32 default"]
+    assert default["prompts_equal"] == default["prompts"] == 7  # speculative == plain, bitwise
+    hf = rows["hf"]
+    assert hf["tokens_per_second"] > 0 and hf["mean_leading_equal"] >= 1  # same model, same ids
+    assert "gguf" in rows["llama.cpp"]["skipped"]
+    assert (tmp_path / "peers.png").is_file() and "| hf |" in (tmp_path / "peers.md").read_text()
 
 
 def test_lookup_ngram_override_reaches_the_runs_and_the_bound(tiny_bundle, tmp_path):

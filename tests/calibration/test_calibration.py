@@ -147,6 +147,9 @@ def test_defaults_fall_back_to_plain_when_speculation_loses():
 
     assert decide_defaults({"early_exit/4": 0.8, "hybrid/4": 0.95}) == ("hybrid", 4, False)
     assert decide_defaults({"early_exit/3": 1.2, "hybrid/3": 1.1}) == ("early_exit", 3, True)
+    # noise-sized differences keep the safer choice: hybrid over early exit, plain over a 1.02x "gain"
+    assert decide_defaults({"early_exit/3": 1.12, "hybrid/4": 1.11, "hybrid/3": 1.05}) == ("hybrid", 4, True)
+    assert decide_defaults({"early_exit/3": 1.01, "hybrid/3": 1.02}) == ("hybrid", 3, False)
 
 
 def test_autotune_prefers_short_drafts_when_acceptance_is_low():

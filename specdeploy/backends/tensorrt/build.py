@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ...bundle import io_names
 from ...bundle import manifest as manifest_io
-from ...constants import MAX_DRAFT_TOKENS
+from ...constants import COMPUTE_PRECISIONS, MAX_DRAFT_TOKENS
 from ...errors import BackendError, ConfigError
 from . import import_tensorrt
 from .cuda import Cuda
@@ -81,6 +81,18 @@ def _check_precision(manifest, capability: tuple[int, int]) -> None:
         )
 
 
+def tensorrt_source(name: str, graph) -> str:
+    """The file TensorRT parses: an int4/int8 graph's DequantizeLinear form (TensorRT does not run
+    ONNX Runtime's MatMulNBits), any other graph itself."""
+    if graph.precision in COMPUTE_PRECISIONS and not graph.tensorrt_file:
+        raise ConfigError(
+            f"the {name} graph is {graph.precision} for ONNX Runtime (MatMulNBits) and the bundle has no "
+            f"TensorRT form of it; re-quantize the fp32 bundle with 'specdeploy quantize --precision "
+            f"{graph.precision} --tensorrt'"
+        )
+    return graph.tensorrt_file or graph.file
+
+
 def build_engines(bundle: Path, config: BuildConfig = BuildConfig(), echo=print) -> Path:
     """Build one engine per graph into the bundle and record them in the manifest."""
     bundle = Path(bundle)
@@ -93,7 +105,7 @@ def build_engines(bundle: Path, config: BuildConfig = BuildConfig(), echo=print)
     cache_path = bundle / TIMING_CACHE
     engines = {}
     for name, graph in manifest.graphs.items():
-        network, _parser = _network(trt, builder, logger, bundle / graph.file)
+        network, _parser = _network(trt, builder, logger, bundle / tensorrt_source(name, graph))
         build = builder.create_builder_config()
         build.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, config.workspace_mb << 20)
         cache = build.create_timing_cache(cache_path.read_bytes() if cache_path.is_file() else b"")

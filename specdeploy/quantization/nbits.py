@@ -1,0 +1,97 @@
+"""Block-quantized weights in `MatMulNBits`' own layout, from float weights or from a GGUF's blocks.
+
+Layout (symmetric, no zero-point input): for a weight W [K, N] of `x @ W`, blocks run along K per
+output column n; B is uint8 [N, K/block, block*bits/8] holding q + 2^(bits-1) (4 bits: two per
+byte, the even element in the low nibble), scales float32 [N * K/block]; W[k, n] = scale * q.
+The same bytes serve `GatherBlockQuantized` (the tied embedding reads the LM head's weights).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+MSE_FACTORS = np.linspace(0.70, 1.0, 13, dtype=np.float32)  # shrunken ranges tried per block
+
+
+@dataclass(frozen=True)
+class Blocks:
+    q: np.ndarray       # int8 [N, K/block, block], in [-2^(bits-1), 2^(bits-1) - 1]
+    scales: np.ndarray  # float32 [N, K/block]
+    bits: int
+
+    @property
+    def block(self) -> int:
+        return self.q.shape[2]
+
+    def dequantize(self) -> np.ndarray:
+        """W [K, N] as float32."""
+        n, nb, block = self.q.shape
+        return (self.q.astype(np.float32) * self.scales[..., None]).reshape(n, nb * block).T
+
+
+def _blocks_of(w: np.ndarray, block: int) -> np.ndarray:
+    k, n = w.shape
+    if k % block:
+        raise ValueError(f"K={k} is not a multiple of the block size {block}")
+    return np.ascontiguousarray(w.T).reshape(n, k // block, block)  # [N, nb, block]
+
+
+def quantize(w: np.ndarray, bits: int, block: int, method: str = "mse") -> Blocks:
+    """Symmetric block quantization of W [K, N]; "mse" picks each block's scale from a few shrunken
+    ranges by squared error (clipping the largest value can cut the error of all the others),
+    "absmax" maps each block's largest magnitude onto the grid."""
+    x = _blocks_of(np.asarray(w, np.float32), block)                 # [N, nb, block]
+    top = 2 ** (bits - 1)
+    # scales stay positive (TensorRT requires it, and the TensorRT form holds these very values):
+    # a negative extreme uses the grid's extra step (-top), a positive one ends at top - 1
+    pick = np.take_along_axis(x, np.abs(x).argmax(axis=-1)[..., None], axis=-1)  # [N, nb, 1]
+    steps = np.where(pick < 0, top, top - 1)
+    extreme = np.maximum(np.abs(pick), 1e-12)
+    factors = MSE_FACTORS if method == "mse" else np.ones(1, np.float32)
+    best_s = best_err = None
+    for f in factors:
+        s = extreme * f / steps
+        q = np.clip(np.rint(x / s), -top, top - 1)
+        err = ((q * s - x) ** 2).sum(axis=-1, keepdims=True)
+        if best_err is None:
+            best_s, best_err = s, err
+        else:
+            better = err < best_err
+            best_s, best_err = np.where(better, s, best_s), np.minimum(err, best_err)
+    q = np.clip(np.rint(x / best_s), -top, top - 1).astype(np.int8)
+    return Blocks(q, best_s[..., 0].astype(np.float32), bits)
+
+
+def pack(blocks: Blocks) -> tuple[np.ndarray, np.ndarray]:
+    """(B uint8 [N, nb, blob], scales float32 [N * nb]) as MatMulNBits reads them."""
+    offset = (blocks.q.astype(np.int16) + 2 ** (blocks.bits - 1)).astype(np.uint8)  # [N, nb, block]
+    if blocks.bits == 4:
+        offset = offset[..., 0::2] | (offset[..., 1::2] << 4)
+    return np.ascontiguousarray(offset), np.ascontiguousarray(blocks.scales.reshape(-1))
+
+
+def unpack(b: np.ndarray, scales: np.ndarray, bits: int, block: int) -> Blocks:
+    """Inverse of `pack` (for a MatMulNBits node's initializers, e.g. the LM head's)."""
+    if bits == 4:
+        low, high = (b & 0x0F).astype(np.int16), (b >> 4).astype(np.int16)
+        values = np.stack([low, high], axis=-1).reshape(b.shape[0], b.shape[1], block)
+    else:
+        values = b.astype(np.int16)
+    q = (values - 2 ** (bits - 1)).astype(np.int8)
+    return Blocks(q, scales.reshape(b.shape[0], b.shape[1]).astype(np.float32), bits)
+
+
+def matmul_node(model, node, weight_name: str, blocks: Blocks, accuracy_level: int):
+    """Replace MatMul `node` (x @ initializer `weight_name`) by a MatMulNBits over `blocks`."""
+    from onnx import helper, numpy_helper
+
+    b, scales = pack(blocks)
+    n, nb, _ = blocks.q.shape
+    b_name, s_name = f"{weight_name}.q{blocks.bits}", f"{weight_name}.scales"
+    model.graph.initializer.extend([numpy_helper.from_array(b, b_name), numpy_helper.from_array(scales, s_name)])
+    return helper.make_node(
+        "MatMulNBits", [node.input[0], b_name, s_name], list(node.output), name=node.name + ".nbits",
+        domain="com.microsoft", K=nb * blocks.block, N=n, bits=blocks.bits, block_size=blocks.block,
+        accuracy_level=accuracy_level,
+    )

@@ -1,0 +1,105 @@
+"""The TensorRT-facing form of an int4 / int8 graph, from the same quantized weights.
+
+TensorRT builds block-wise weight-only quantization from `DequantizeLinear` with `block_size`
+(signed INT4 or INT8 weights, float32 scales of the same rank, blocked along K, zero points
+absent) feeding a MatMul; it does not run ONNX Runtime's `MatMulNBits` / `GatherBlockQuantized`.
+So each of those becomes DequantizeLinear(W_q [K, N], scales [K/block, N], axis=0, block_size) →
+MatMul (or Gather for the embedding), holding exactly the values the ONNX Runtime graph computes
+with. TensorRT requires strictly positive scales, which the default methods write; blocks from
+ONNX Runtime's own quantizer (negative scales) are stored with both signs flipped, in INT8 where
+4 bits would need +8, and refused where 8 bits would need +128, so the values stay exact.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from . import nbits
+
+SUFFIX = ".trt.onnx"  # beside graph.onnx: what build-engines parses for an int4/int8 graph
+
+
+def _attrs(node) -> dict:
+    from onnx import helper
+
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def positive_blocks(blocks: nbits.Blocks) -> tuple[np.ndarray, np.ndarray, int]:
+    """(q [N, nb, block], scales [N, nb] > 0, bits) holding the same values as `blocks`."""
+    sign = np.where(blocks.scales < 0, -1, 1).astype(np.int16)                  # [N, nb]
+    q = blocks.q.astype(np.int16) * sign[..., None]
+    scales = np.abs(blocks.scales)
+    bits = blocks.bits if q.max() < 2 ** (blocks.bits - 1) else 8
+    if q.max() > 127:
+        raise ValueError("int8 blocks at -128 with a negative scale have no positive-scale form; "
+                         "quantize with --method rtn or mse (positive scales)")
+    return q, np.where(scales == 0, np.float32(1e-30), scales).astype(np.float32), bits
+
+
+def _dq_weight(model, name: str, blocks: nbits.Blocks, transpose: bool) -> list:
+    """DequantizeLinear nodes producing float `name` ([K, N], or [N, K] for a gathered table)."""
+    import ml_dtypes
+    from onnx import helper, numpy_helper
+
+    q, scales, bits = positive_blocks(blocks)
+    n, nb, block = q.shape
+    values = q.reshape(n, nb * block)                                            # [N, K]
+    scale_2d = scales                                                             # [N, nb]
+    if not transpose:
+        values, scale_2d, axis = values.T, scale_2d.T, 0                         # [K, N], [nb, N]
+    else:
+        axis = 1
+    dtype = ml_dtypes.int4 if bits == 4 else np.int8
+    model.graph.initializer.extend([
+        numpy_helper.from_array(np.ascontiguousarray(values).astype(dtype), name + ".w"),
+        numpy_helper.from_array(np.ascontiguousarray(scale_2d), name + ".s")])
+    return [helper.make_node("DequantizeLinear", [name + ".w", name + ".s"], [name], axis=axis,
+                             block_size=block, name=name + ".dq")]
+
+
+def convert(model) -> int:
+    """Rewrite `model` in place; returns how many quantized nodes were converted."""
+    from onnx import helper, numpy_helper
+
+    inits = {t.name: t for t in model.graph.initializer}
+    array = lambda name: numpy_helper.to_array(inits[name])                      # noqa: E731
+    nodes, count = [], 0
+    for node in model.graph.node:
+        a = _attrs(node)
+        if node.op_type == "MatMulNBits" and len(node.input) == 3:
+            blocks = nbits.unpack(array(node.input[1]), array(node.input[2]), a["bits"], a["block_size"])
+            weight = node.name + ".weight"
+            nodes += _dq_weight(model, weight, blocks, transpose=False)
+            nodes.append(helper.make_node("MatMul", [node.input[0], weight], list(node.output), name=node.name))
+        elif node.op_type == "GatherBlockQuantized":
+            data = array(node.input[0])
+            blob = data.reshape(data.shape[0], -1, a["block_size"] * a["bits"] // 8)
+            blocks = nbits.unpack(blob, array(node.input[2]), a["bits"], a["block_size"])
+            table = node.name + ".table"
+            nodes += _dq_weight(model, table, blocks, transpose=True)
+            nodes.append(helper.make_node("Gather", [table, node.input[1]], list(node.output), name=node.name))
+        else:
+            nodes.append(node)
+            continue
+        count += 1
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    used = {i for n in model.graph.node for i in n.input}
+    for t in [t for t in model.graph.initializer if t.name not in used]:
+        model.graph.initializer.remove(t)
+    kept = [o for o in model.opset_import if o.domain != "com.microsoft"]
+    del model.opset_import[:]
+    model.opset_import.extend(kept)
+    return count
+
+
+def write(src: Path, dst: Path) -> int:
+    """The TensorRT-facing copy of graph `src` at `dst` (its own external data file)."""
+    import onnx
+
+    model = onnx.load(str(src))
+    count = convert(model)
+    onnx.save(model, str(dst), save_as_external_data=True, location=dst.name + ".data")
+    return count
