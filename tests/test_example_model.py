@@ -43,3 +43,26 @@ def test_sampled_output_is_fluent_text(example_engine):
     result = example_engine.generate([{"role": "user", "content": "Name three colours."}],
                                      max_new_tokens=30, temperature=0.7, seed=1)
     assert len(result.text.split()) >= 3 and result.stats.generated_tokens > 3
+
+
+@pytest.mark.slow
+def test_int4_example_bundle_is_row_independent_exact_and_smaller(example_bundle, tmp_path):
+    """Integer compute on the real model: bitwise row-independent graphs, greedy speculative ==
+    plain for every source, an embedding no longer in fp32, and a quality report within reach."""
+    from specdeploy.bundle import manifest as manifest_io
+    from specdeploy.quantization.quantize import quantize
+
+    lines = []
+    bundle = quantize(example_bundle, tmp_path / "int4", "int4", echo=lines.append)
+    manifest = manifest_io.read(bundle)
+    assert manifest.row_check["passed"] and "embedding: int4 (GatherBlockQuantized)" in lines
+    fp32_bytes = (example_bundle / "weights.bin").stat().st_size
+    assert (bundle / "weights.bin").stat().st_size < 0.3 * fp32_bytes
+    q = manifest.quality
+    assert q["greedy_identical"] and q["top1_agreement"] > 0.6 and q["perplexity"] < 1.4 * q["perplexity_fp32"]
+    with Engine(bundle) as engine:
+        for prompt in PROMPTS:
+            ids = engine.encode_prompt([{"role": "user", "content": prompt}])
+            plain = engine.generate_ids(ids, GenerationConfig(max_new_tokens=32, speculative=False))
+            for source in ("early_exit", "lookup", "hybrid"):
+                assert engine.generate_ids(ids, GenerationConfig(max_new_tokens=32, draft_source=source)) == plain

@@ -10,6 +10,7 @@ import functools
 import inspect
 
 import torch
+import torch.nn.functional as F
 import transformers
 
 from ..constants import DEFAULT_OPSET
@@ -56,6 +57,41 @@ def _row_independent_attention(query, key, value, attention_mask, scaling, softc
 
 
 transformers.AttentionInterface.register(ATTN_IMPLEMENTATION, _attention)
+
+
+def _rms_forward(module, plus_one: bool, hidden):
+    weight = module.weight.float() + 1.0 if plus_one else module.weight.float()
+    eps = getattr(module, "variance_epsilon", None) or getattr(module, "eps")
+    return F.rms_norm(hidden.float(), (hidden.shape[-1],), weight, eps).to(hidden.dtype)
+
+
+def fuse_rms_norms(model) -> int:
+    """Every RMS norm of `model` as one `F.rms_norm` (ONNX RMSNormalization, one kernel per row)
+    instead of the family's six elementwise ops; returns how many were replaced.
+
+    A module qualifies by behaviour, not name: a 1-D weight, an epsilon, and an output equal to
+    rms_norm with `weight` (Llama, Qwen, Phi-3, ...) or `1 + weight` (Gemma) on a random input.
+    """
+    count = 0
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        eps = getattr(module, "variance_epsilon", None) or getattr(module, "eps", None)
+        if getattr(module, "_fused_rms", False) or not isinstance(weight, torch.nn.Parameter) \
+                or weight.dim() != 1 or not isinstance(eps, float) or getattr(module, "bias", None) is not None:
+            continue
+        probe = torch.randn(2, 3, weight.shape[0], generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            try:
+                expected = module(probe)
+            except Exception:  # not a norm over the last axis
+                continue
+            for plus_one in (False, True):
+                if torch.allclose(_rms_forward(module, plus_one, probe), expected, atol=1e-5, rtol=1e-4):
+                    module.forward = functools.partial(_rms_forward, module, plus_one)
+                    module._fused_rms = True
+                    count += 1
+                    break
+    return count
 
 
 EXPORT_OPSET = {"value": DEFAULT_OPSET}  # set by the exporter: 24 (TensorScatter) or 23 (ScatterND)
@@ -145,6 +181,7 @@ class _LayerRange(torch.nn.Module):
         super().__init__()
         self.model, self.first, self.last = model, first, last
         model.config._attn_implementation = ATTN_IMPLEMENTATION
+        fuse_rms_norms(model)
 
     def run_layers(self, hidden, position_ids, write_index, attention_mask, past):
         inner, config = self.model.model, self.model.config
@@ -196,6 +233,7 @@ class HeadModule(torch.nn.Module):
 
     def __init__(self, model, adapter: torch.nn.Module | None = None, vocab_ids=None):
         super().__init__()
+        fuse_rms_norms(model)
         self.norm, self.lm_head, self.adapter = model.model.norm, model.lm_head, adapter
         self.vocab_ids = None if vocab_ids is None else torch.as_tensor(vocab_ids, dtype=torch.int64)
         self.logits_scaling = getattr(model.config, "logits_scaling", None)       # Granite divides

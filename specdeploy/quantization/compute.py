@@ -8,10 +8,10 @@ symmetric int4 in blocks of 16 (integer zero points: float ones run a ~70x slowe
 bundle made with them is checked row by row (runtime.row_check) before it is installed.
 
 Methods (all in MatMulNBits' layout, same kernels): "rtn" rounds to nearest with each block's
-largest magnitude on the grid and a positive scale (nbits.py); "mse" picks each block's scale by
-squared error; "ort" is ONNX Runtime's own quantizer (matmul_nbits_quantizer, RTN), which puts a
-positive extreme at -8 with a negative scale: TensorRT accepts only positive scales, so its int8
-weights have no exact TensorRT form, hence not the default.
+largest magnitude on the grid (nbits.py: at 4 bits on -8, ONNX Runtime's grid; at 8 bits over
++-127 with positive scales, so TensorRT can hold it exactly); "mse" picks each block's scale by
+squared error; "ort" is ONNX Runtime's own quantizer (matmul_nbits_quantizer, RTN), whose 8-bit
+blocks reach -128 with negative scales and so have no exact TensorRT form.
 ONNX Runtime's HQQ was measured and is not offered: its float zero points run a ~9x slower path
 whose rows are not independent.
 """

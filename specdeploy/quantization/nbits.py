@@ -4,6 +4,7 @@ Layout (symmetric, no zero-point input): for a weight W [K, N] of `x @ W`, block
 output column n; B is uint8 [N, K/block, block*bits/8] holding q + 2^(bits-1) (4 bits: two per
 byte, the even element in the low nibble), scales float32 [N * K/block]; W[k, n] = scale * q.
 The same bytes serve `GatherBlockQuantized` (the tied embedding reads the LM head's weights).
+4-bit scales may be negative (see `quantize`); tensorrt_form flips those blocks for TensorRT.
 """
 from __future__ import annotations
 
@@ -43,11 +44,15 @@ def quantize(w: np.ndarray, bits: int, block: int, method: str = "mse") -> Block
     "absmax" maps each block's largest magnitude onto the grid."""
     x = _blocks_of(np.asarray(w, np.float32), block)                 # [N, nb, block]
     top = 2 ** (bits - 1)
-    # scales stay positive (TensorRT requires it, and the TensorRT form holds these very values):
-    # a negative extreme uses the grid's extra step (-top), a positive one ends at top - 1
+    # 4 bits: the largest magnitude goes to -8 whatever its sign (a negative scale where it is
+    # positive), so every block uses the grid's extra step, as ONNX Runtime's quantizer does;
+    # 8 bits: positive scales over +-127, which TensorRT's DequantizeLinear (positive scales only)
+    # can hold exactly
     pick = np.take_along_axis(x, np.abs(x).argmax(axis=-1)[..., None], axis=-1)  # [N, nb, 1]
-    steps = np.where(pick < 0, top, top - 1)
-    extreme = np.maximum(np.abs(pick), 1e-12)
+    if bits == 4:
+        extreme, steps = np.where(pick == 0, np.float32(1e-12), pick), -top
+    else:
+        extreme, steps = np.maximum(np.abs(pick), 1e-12), top - 1
     factors = MSE_FACTORS if method == "mse" else np.ones(1, np.float32)
     best_s = best_err = None
     for f in factors:

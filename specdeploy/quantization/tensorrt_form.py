@@ -5,9 +5,10 @@ TensorRT builds block-wise weight-only quantization from `DequantizeLinear` with
 absent) feeding a MatMul; it does not run ONNX Runtime's `MatMulNBits` / `GatherBlockQuantized`.
 So each of those becomes DequantizeLinear(W_q [K, N], scales [K/block, N], axis=0, block_size) →
 MatMul (or Gather for the embedding), holding exactly the values the ONNX Runtime graph computes
-with. TensorRT requires strictly positive scales, which the default methods write; blocks from
-ONNX Runtime's own quantizer (negative scales) are stored with both signs flipped, in INT8 where
-4 bits would need +8, and refused where 8 bits would need +128, so the values stay exact.
+with. TensorRT requires strictly positive scales: blocks with a negative scale (4-bit blocks whose
+largest magnitude is positive) are stored with both signs flipped, in INT8 where 4 bits would
+need +8 (so an int4 graph's TensorRT weights may be INT8: exact values, twice the bytes), and
+refused where 8 bits would need +128 (ONNX Runtime's own 8-bit quantizer), so values stay exact.
 """
 from __future__ import annotations
 

@@ -195,5 +195,5 @@ def test_an_int4_bundle_without_its_tensorrt_form_says_how_to_make_it(tiny_bundl
     with pytest.raises(ConfigError, match="quantize --precision int4 --tensorrt"):
         build_engines(bundle, BuildConfig(max_draft_tokens=6, max_prompt=64), echo=lambda s: None)
     graph = manifest_io.read(bundle).graph("draft")
-    network = fake_tensorrt.Network()
+    network = fake_tensorrt.Network(0)
     assert not fake_tensorrt.OnnxParser(network, None).parse_from_file(str(bundle / graph.file))

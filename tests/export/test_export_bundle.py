@@ -149,3 +149,47 @@ def test_export_shows_progress_not_exporter_noise(tiny_model_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "torchvision" not in proc.stdout + proc.stderr
     assert "exporting draft, verify and head graphs" in proc.stdout and "validated against" in proc.stdout
+
+
+def test_graphs_are_written_for_row_independence(tiny_bundle):
+    """Attention op by op (ONNX's Attention kernel differs between one and many query rows) and
+    norms as RMSNormalization; the manifest records the bitwise check that the export passed."""
+    import onnx
+
+    manifest = manifest_io.read(tiny_bundle)
+    for name in ("draft", "verify", "head"):
+        ops = [n.op_type for n in onnx.load(str(tiny_bundle / manifest.graph(name).file),
+                                            load_external_data=False).graph.node]
+        assert "Attention" not in ops and "Pow" not in ops and "ReduceMean" not in ops
+        assert ops.count("RMSNormalization") == {"draft": 4, "verify": 4, "head": 1}[name]  # 2 layers each
+        if name != "head":
+            assert ops.count("Softmax") == 2 and ops.count("Where") >= 2
+    assert manifest.row_check["passed"]
+
+
+def test_rms_norms_are_fused_by_behaviour_not_name():
+    import torch
+
+    from specdeploy.export.split import fuse_rms_norms
+
+    class Scaled(torch.nn.Module):  # a Gemma-style norm: (1 + weight), under an unrelated name
+        def __init__(self):
+            super().__init__()
+            self.weight, self.eps = torch.nn.Parameter(torch.randn(8) * 0.1), 1e-6
+
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1 + self.weight)
+
+    class NotANorm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight, self.eps = torch.nn.Parameter(torch.ones(8)), 1e-6
+
+        def forward(self, x):
+            return x * self.weight
+
+    model = torch.nn.Sequential(Scaled(), NotANorm())
+    x = torch.randn(1, 4, 8)
+    before = model(x)
+    assert fuse_rms_norms(model) == 1 and fuse_rms_norms(model) == 0
+    torch.testing.assert_close(model(x), before)
