@@ -1,8 +1,10 @@
 """GPU check: export -> (build) -> generate on the GPU -> compare with ONNX Runtime on the CPU.
 
-Prints a short table: tokens/s plain vs speculative, acceptance, and the max logit difference of
-the GPU path against the CPU bundle. Uses native TensorRT when `tensorrt` imports, else ONNX
-Runtime's CUDA provider when onnxruntime-gpu is installed; says which it could not run.
+Prints a short table per bundle (fp32, and the int4 one with its TensorRT form): tokens/s plain vs
+speculative, acceptance, the max logit difference of the GPU path against the CPU bundle, and
+whether the GPU graphs are bitwise row-independent (runtime.row_check). Uses native TensorRT when
+`tensorrt` imports (int4/int8 from the DequantizeLinear form), else ONNX Runtime's CUDA provider
+(MatMulNBits) when onnxruntime-gpu is installed; says which it could not run.
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ import numpy as np
 
 from specdeploy.prompts import PASSAGES
 from specdeploy.config import GenerationConfig
+from specdeploy.errors import SpecDeployError
+from specdeploy.runtime import row_check
 from specdeploy.quantization.quality import teacher_forced_logits
 from specdeploy.runtime.engine import Engine
 
@@ -49,35 +53,49 @@ def measure(engine: Engine) -> dict:
     return out
 
 
-def main(bundle: str) -> int:
-    route = gpu_route()
+def gpu_row(cpu_bundle: Path, route, ids, reference):
+    backend, provider = route
+    gpu_bundle = cpu_bundle.with_name(cpu_bundle.name + "-gpu")
+    shutil.rmtree(gpu_bundle, ignore_errors=True)
+    shutil.copytree(cpu_bundle, gpu_bundle)
+    if backend == "tensorrt":
+        from specdeploy.backends.tensorrt.build import build_engines
+
+        began = time.time()
+        build_engines(gpu_bundle)
+        print(f"{cpu_bundle.name}: engines built in {time.time() - began:.0f} s")
+    with Engine(gpu_bundle, backend=backend, provider=provider) as gpu:
+        diff = float(np.abs(teacher_forced_logits(gpu, ids) - reference).max())
+        rows = row_check.check_model(gpu.model, provider)
+        return f"gpu {backend}/{provider}", measure(gpu), diff, row_check.describe(rows)
+
+
+def check(bundle: str, route) -> list:
     cpu_bundle = Path(bundle)
     with Engine(cpu_bundle) as cpu:
         ids = cpu.encode_prompt(PASSAGES[1])
         reference = teacher_forced_logits(cpu, ids)
-        rows = [("cpu onnxruntime", measure(cpu), 0.0)]
-    if route is None:
-        print("no TensorRT and no onnxruntime-gpu here: only the CPU row could be measured")
-    else:
-        backend, provider = route
-        gpu_bundle = cpu_bundle.with_name(cpu_bundle.name + "-gpu")
-        shutil.rmtree(gpu_bundle, ignore_errors=True)
-        shutil.copytree(cpu_bundle, gpu_bundle)
-        if backend == "tensorrt":
-            from specdeploy.backends.tensorrt.build import build_engines
+        rows = [("cpu onnxruntime", measure(cpu), 0.0, row_check.describe(row_check.check_model(cpu.model)))]
+    if route is not None:
+        try:
+            rows.append(gpu_row(cpu_bundle, route, ids, reference))
+        except SpecDeployError as exc:  # e.g. graphs not row-independent on this GPU: the finding
+            print(f"{cpu_bundle.name} on the GPU: {exc}")
+    return rows
 
-            began = time.time()
-            build_engines(gpu_bundle)
-            print(f"engines built in {time.time() - began:.0f} s")
-        with Engine(gpu_bundle, backend=backend, provider=provider) as gpu:
-            diff = float(np.abs(teacher_forced_logits(gpu, ids) - reference).max())
-            rows.append((f"gpu {backend}/{provider}", measure(gpu), diff))
-    print("| path | plain tok/s | speculative tok/s | acceptance | max |logit diff| vs CPU |")
-    print("|---|---|---|---|---|")
-    for name, m, diff in rows:
-        print(f"| {name} | {m['plain'][0]:.1f} | {m['speculative'][0]:.1f} | {m['speculative'][1]:.2f} | {diff:.2e} |")
+
+def main(bundles: list[str]) -> int:
+    route = gpu_route()
+    if route is None:
+        print("no TensorRT and no onnxruntime-gpu here: only the CPU rows could be measured")
+    print("| bundle | path | plain tok/s | speculative tok/s | acceptance | max |logit diff| vs CPU | rows |")
+    print("|---|---|---|---|---|---|---|")
+    for bundle in bundles:
+        for name, m, diff, rows in check(bundle, route):
+            print(f"| {Path(bundle).name} | {name} | {m['plain'][0]:.1f} | {m['speculative'][0]:.1f} | "
+                  f"{m['speculative'][1]:.2f} | {diff:.2e} | {rows} |")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "engine.plan"))
+    sys.exit(main(sys.argv[1:] or ["engine.plan"]))

@@ -119,3 +119,26 @@ def test_quantizing_in_place_replaces_the_bundle_only_once_whole(tiny_bundle, tm
     monkeypatch.undo()
     quantize(bundle, bundle, "int8", report=False, echo=lambda s: None)
     assert manifest_io.read(bundle).precision == "int8"
+
+
+@pytest.mark.parametrize("kind, precision, block", [("Q8_0", "int8", 32), ("Q4_0", "int4", 16)])
+def test_gguf_blocks_are_carried_over_losslessly(kind, precision, block):
+    """A weight that is a GGUF tensor dequantized becomes MatMulNBits blocks holding exactly the
+    file's values, whatever order the loader put its rows in; any other weight is not matched."""
+    import gguf
+    from gguf import quants
+
+    from specdeploy.quantization import nbits
+    from specdeploy.quantization.gguf_blocks import BlockIndex
+
+    rng = np.random.default_rng(0)
+    rows = rng.normal(size=(48, 64)).astype(np.float32)                 # [N, K] as GGUF stores it
+    raw = quants.quantize(rows, getattr(gguf.GGMLQuantizationType, kind))
+    weight = quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, kind)).T[:, rng.permutation(48)]  # [K, N]
+    index = BlockIndex([raw], kind)
+    blocks = index.blocks(np.ascontiguousarray(weight), {"int8": 8, "int4": 4}[precision], block)
+    assert blocks is not None and blocks.block == block
+    np.testing.assert_array_equal(blocks.dequantize(), weight)           # lossless
+    packed = nbits.unpack(*nbits.pack(blocks), blocks.bits, block)
+    np.testing.assert_array_equal(packed.dequantize(), weight)
+    assert index.blocks(weight + 1e-3, blocks.bits, block) is None

@@ -64,6 +64,17 @@ def hf_directory(source: Path, cache: Path) -> Path:
     return target
 
 
+def builder_python() -> str:
+    """The interpreter that runs ONNX Runtime GenAI's model builder: it needs a newer transformers
+    than Optimum allows, so by default the project's main environment (.venv), where
+    scripts/setup_peers.sh installs onnxruntime-genai too; SPECDEPLOY_BUILDER_PYTHON overrides."""
+    configured = os.environ.get("SPECDEPLOY_BUILDER_PYTHON")
+    if configured:
+        return configured
+    main_env = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "python"
+    return str(main_env) if main_env.is_file() else sys.executable
+
+
 class OrtGenAI:
     """ONNX Runtime GenAI on a model its own builder made from the HF directory (cached)."""
 
@@ -72,7 +83,7 @@ class OrtGenAI:
         hf = hf_directory(source, cache)
         out = cache / f"ortgenai-{precision}-{hf.name}"
         if not (out / "genai_config.json").is_file():
-            cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", str(out),
+            cmd = [builder_python(), "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", str(out),
                    "-p", precision, "-e", "cpu", "-c", str(cache / "ortgenai-tmp")]
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode != 0:

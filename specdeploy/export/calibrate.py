@@ -24,7 +24,8 @@ from .writer import DraftHead, write_bundle
 
 
 def _costs(model, tokenizer, config, k: int, fitted: FittedExit, vocab_ids, max_rows: int):
-    """Pass costs timed on real graphs exported at exit `k` (a throwaway bundle)."""
+    """Pass costs timed on real graphs exported at exit `k` (a throwaway bundle), at the precision
+    being exported: integer kernels price extra verify rows very differently from fp32 ones."""
     from ..backends import load_stages
     from ..runtime.costs import measure
     from ..runtime.split_model import SplitModel
@@ -32,6 +33,12 @@ def _costs(model, tokenizer, config, k: int, fitted: FittedExit, vocab_ids, max_
     timing = dataclasses.replace(config, exit_layer=k, num_draft_tokens=1, max_context=256, validate=False)
     with tempfile.TemporaryDirectory() as tmp:
         manifest = write_bundle(model, tokenizer, timing, Path(tmp), DraftHead(fitted.adapter, vocab_ids))
+        if config.quantized:
+            from ..quantization.quantize import quantize_bundle
+
+            quantize_bundle(Path(tmp), config.precision, config.draft_precision, config.verify_precision,
+                            echo=lambda line: None, method=config.method)
+            manifest = manifest_io.read(Path(tmp))
         split = SplitModel(manifest, load_stages(tmp, manifest))
         try:
             return measure(split, max_rows)
@@ -81,6 +88,12 @@ def calibrated_export(model, tokenizer, config, staging: Path, echo: Callable[[s
     draft = DraftHead(fitted[choice.exit_layer].adapter, vocab_ids, choice.threshold)
     write_bundle(model, tokenizer, chosen, staging, draft, calibration)
     _record_defaults(staging, held_convs, [choice.num_draft_tokens], cal, echo)
+
+
+def remeasure_defaults(bundle: Path, config, cal: CalibrationConfig, echo: Callable[[str], None]) -> None:
+    """The measured defaults again, on the quantized bundle that ships (its kernels, its speed)."""
+    held_convs = _conversations(config)[1]
+    _record_defaults(bundle, held_convs, [manifest_io.read(bundle).num_draft_tokens], cal, echo)
 
 
 def _record_defaults(bundle: Path, held_convs, gammas, cal: CalibrationConfig, echo) -> None:

@@ -106,7 +106,7 @@ def export(config: ExportConfig, echo: Callable[[str], None] = print, calibratio
             from .writer import write_bundle
 
             write_bundle(model, tokenizer, config, staging, echo=echo)
-        final = _quantized(staging, config, echo) if config.quantized else staging
+        final = _quantized(staging, config, echo, calibration) if config.quantized else staging
         if config.backend == "tensorrt":
             from ..backends.tensorrt.build import build_engines
 
@@ -115,14 +115,20 @@ def export(config: ExportConfig, echo: Callable[[str], None] = print, calibratio
     return output
 
 
-def _quantized(fp32: Path, config: ExportConfig, echo) -> Path:
-    """A quantized copy of the staged fp32 bundle beside it (the fp32 one is its quality reference)."""
+def _quantized(fp32: Path, config: ExportConfig, echo, calibration=None) -> Path:
+    """A quantized copy of the staged fp32 bundle beside it (the fp32 one is its quality reference);
+    a calibrated bundle's measured defaults are measured again on it."""
     from ..quantization.quantize import quantized_copy
 
     target = fp32.with_name("quantized")
     quantized_copy(fp32, target, config.precision, config.draft_precision, config.verify_precision,
                    config.prompts_file, echo, method=config.method, tensorrt=config.backend == "tensorrt")
     shutil.rmtree(fp32)
+    if config.needs_calibration:
+        from ..calibration.steps import CalibrationConfig
+        from .calibrate import remeasure_defaults
+
+        remeasure_defaults(target, config, calibration or CalibrationConfig(), echo)
     return target
 
 

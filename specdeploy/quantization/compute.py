@@ -48,8 +48,9 @@ def _algo_config(form: ComputeForm, method: str):
     raise ConfigError(f"quantization method '{method}' is unknown; pick one of {', '.join(METHODS)}")
 
 
-def quantize_graph(src: Path, dst: Path, precision: str, method: str = "rtn") -> None:
-    """Write `src` (fp32) to `dst` with every initializer-weight MatMul as MatMulNBits.
+def quantize_graph(src: Path, dst: Path, precision: str, method: str = "rtn", index=None) -> int:
+    """Write `src` (fp32) to `dst` with every initializer-weight MatMul as MatMulNBits; returns how
+    many weights came losslessly from `index` (a gguf_blocks.BlockIndex of the source file).
 
     MatMuls whose weight is computed in the graph (a draft head's gathered vocabulary subset) stay
     float: the quantizer only sees initializers.
@@ -65,31 +66,42 @@ def quantize_graph(src: Path, dst: Path, precision: str, method: str = "rtn") ->
     model = onnx.load(str(src))
     fold_weight_transposes(model)
     if method != "ort":
-        _own_blocks(model, FORMS[precision], "absmax" if method == "rtn" else method)
+        carried = _own_blocks(model, FORMS[precision], "absmax" if method == "rtn" else method, index)
         onnx.save(model, str(dst), save_as_external_data=True, location=dst.name + ".data")
-        return
+        return carried
     quantizer = mnb.MatMulNBitsQuantizer(model, algo_config=_algo_config(FORMS[precision], method),
                                          accuracy_level=ACCURACY_LEVEL)
     quantizer.process()
     quantizer.model.save_model_to_file(str(dst), use_external_data_format=True)
+    return 0
 
 
-def _own_blocks(model, form: ComputeForm, method: str) -> int:
-    """Every MatMul with an initializer weight [K, N] as MatMulNBits over nbits.quantize blocks."""
+def _blocks(w, form: ComputeForm, method: str, index):
+    """(blocks, carried): the source file's own blocks where they map exactly, else quantized."""
+    from . import nbits
+
+    carried = index.blocks(w, form.bits, form.block_size) if index is not None else None
+    if carried is not None:
+        return carried, True
+    return nbits.quantize(w, form.bits, form.block_size, method), False
+
+
+def _own_blocks(model, form: ComputeForm, method: str, index=None) -> int:
+    """Every MatMul with an initializer weight [K, N] as MatMulNBits; returns how many were carried."""
     from onnx import helper, numpy_helper
 
     from . import nbits
 
     inits = {t.name: t for t in model.graph.initializer}
-    nodes, count = [], 0
+    nodes, carried = [], 0
     for node in model.graph.node:
         weight = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
         if weight is None or len(weight.dims) != 2 or weight.dims[0] % form.block_size:
             nodes.append(node)
             continue
-        blocks = nbits.quantize(numpy_helper.to_array(weight), form.bits, form.block_size, method)
+        blocks, exact = _blocks(numpy_helper.to_array(weight), form, method, index)
         nodes.append(nbits.matmul_node(model, node, weight.name, blocks, ACCURACY_LEVEL))
-        count += 1
+        carried += exact
     del model.graph.node[:]
     model.graph.node.extend(nodes)
     used = {i for n in model.graph.node for i in n.input}
@@ -97,10 +109,10 @@ def _own_blocks(model, form: ComputeForm, method: str) -> int:
         model.graph.initializer.remove(t)
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-    return count
+    return carried
 
 
-def quantize_embedding(draft: Path, head: Path, precision: str) -> bool:
+def quantize_embedding(draft: Path, head: Path, precision: str, index=None) -> bool:
     """The draft graph's embedding Gather as GatherBlockQuantized, in place; True if rewritten.
 
     A tied embedding reads the LM head's MatMulNBits bytes (the shared weights file stores them
@@ -121,7 +133,7 @@ def quantize_embedding(draft: Path, head: Path, precision: str) -> bool:
     table = numpy_helper.to_array(inits[gather.input[0]])                       # [V, H] float32
     if table.shape[1] % form.block_size:
         return False
-    blocks = _tied_head_blocks(head, table, form) or nbits.quantize(table.T, form.bits, form.block_size, "absmax")
+    blocks = _tied_head_blocks(head, table, form) or _blocks(table.T, form, "absmax", index)[0]
     b, scales = nbits.pack(blocks)
     vocab, n_blocks = blocks.q.shape[:2]
     name = gather.input[0]

@@ -119,13 +119,45 @@ def graph_precisions(manifest, precision: str, draft: str | None, verify: str | 
     return {name: by_graph[name] for name in manifest.graphs}
 
 
-def _quantize_graph(src: Path, dst: Path, precision: str, method: str, feeds) -> None:
+def _quantize_graph(src: Path, dst: Path, precision: str, method: str, feeds, indexes) -> int:
+    """Quantize one graph; returns how many weights came losslessly from the source GGUF."""
     if precision in COMPUTE_FORMS:
-        quantize_graph(src, dst, precision, method)
-    elif precision == "fp8":
+        return quantize_graph(src, dst, precision, method, indexes.get(precision))
+    if precision == "fp8":
         _quantize_fp8(src, dst, _Reader(feeds))
     elif precision == "fp16":
         to_fp16(src, dst)
+    return 0
+
+
+def _gguf_indexes(manifest, plan: dict, method: str) -> dict:
+    """Per compute precision, the source GGUF's exactly-mapping blocks (Q8_0 / Q4_0), if any."""
+    from .gguf_blocks import CARRIES, BlockIndex
+
+    source = Path(manifest.extra.get("source") or "")
+    wanted = {p for p in plan.values() if p in CARRIES}
+    if method == "ort" or source.suffix != ".gguf" or not source.is_file() or not wanted:
+        return {}
+    indexes = {p: BlockIndex.from_file(source, p) for p in wanted}
+    return {p: i for p, i in indexes.items() if i is not None}
+
+
+def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str, feeds, indexes,
+                     echo) -> tuple[dict, dict]:
+    """Each graph quantized into `tmp` (the tied embedding too); (files by stem, carried counts)."""
+    files, carried = {}, {}
+    for name, graph in manifest.graphs.items():
+        src, dst = bundle / graph.file, tmp / graph.file
+        carried[name] = _quantize_graph(src, dst, plan[name], method, feeds.get(name), indexes)
+        files[Path(graph.file).stem] = dst if plan[name] != "fp32" else src
+        lossless = f" ({carried[name]} weights carried losslessly from the GGUF's own blocks)" if carried[name] else ""
+        echo(f"{name}: {plan[name]}{lossless}")
+    draft, head = plan[io_names.DRAFT], plan[io_names.HEAD]
+    if draft in COMPUTE_FORMS and head == draft and quantize_embedding(
+            tmp / manifest.graph(io_names.DRAFT).file, tmp / manifest.graph(io_names.HEAD).file, draft,
+            indexes.get(draft)):
+        echo(f"embedding: {draft} (GatherBlockQuantized)")
+    return files, carried
 
 
 def quantize_bundle(bundle: Path, precision: str, draft_precision: str | None = None,
@@ -146,18 +178,10 @@ def quantize_bundle(bundle: Path, precision: str, draft_precision: str | None = 
     plan = graph_precisions(manifest, precision, draft_precision, verify_precision)
     texts = texts or _calibration_texts(None)
     feeds = _calibration_feeds(bundle, manifest, texts) if "fp8" in plan.values() else {}
+    indexes = _gguf_indexes(manifest, plan, method)
     with tempfile.TemporaryDirectory(dir=bundle.parent, prefix=".quantize-") as tmp:
         tmp = Path(tmp)
-        files = {}
-        for name, graph in manifest.graphs.items():
-            src, dst = bundle / graph.file, tmp / graph.file
-            _quantize_graph(src, dst, plan[name], method, feeds.get(name))
-            files[Path(graph.file).stem] = dst if plan[name] != "fp32" else src
-            echo(f"{name}: {plan[name]}")
-        if plan[io_names.DRAFT] in COMPUTE_FORMS and plan[io_names.HEAD] == plan[io_names.DRAFT]:
-            if quantize_embedding(tmp / manifest.graph(io_names.DRAFT).file,
-                                  tmp / manifest.graph(io_names.HEAD).file, plan[io_names.DRAFT]):
-                echo(f"embedding: {plan[io_names.DRAFT]} (GatherBlockQuantized)")
+        files, carried = _quantize_graphs(bundle, manifest, plan, tmp, method, feeds, indexes, echo)
         out = tmp / "bundle"
         out.mkdir()
         weights.share(files, out, manifest.weights)
@@ -168,7 +192,8 @@ def quantize_bundle(bundle: Path, precision: str, draft_precision: str | None = 
         shutil.move(str(out / manifest.weights), str(bundle / manifest.weights))
     if tensorrt:
         graphs = _tensorrt_forms(bundle, graphs, echo)
-    manifest = manifest.replace(graphs=graphs, precision=label, row_check=None)
+    extra = {**manifest.extra, "gguf_carried_weights": carried} if any(carried.values()) else manifest.extra
+    manifest = manifest.replace(graphs=graphs, precision=label, row_check=None, extra=extra)
     manifest = manifest.replace(row_check=row_check.require(bundle, manifest, echo))
     manifest_io.write(bundle, manifest)
     return bundle

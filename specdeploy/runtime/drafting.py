@@ -106,9 +106,6 @@ class LookupDrafter:
     def observe(self, source: str, tokens: int, seconds: float) -> None:
         """Round outcomes, reported by the decoder (unused: lookup is free to propose)."""
 
-    def has_match(self, history, num_draft_tokens: int, settings: DecodeSettings) -> bool:
-        return num_draft_tokens > 0 and len(find_continuation(history, num_draft_tokens, *settings.lookup_ngram)) > 0
-
     def draft(self, history, pending: int, start: int, num_draft_tokens: int, settings: DecodeSettings,
               rng) -> Draft | None:
         if num_draft_tokens == 0:
@@ -140,21 +137,25 @@ class RateEstimate:
 class HybridDrafter:
     """Lookup when the context offers a match this round; otherwise early exit or a plain step.
 
-    Whether a draft pays depends on the bundle (calibrated or not, fp32 or integer kernels, whose
+    Whether early exit pays depends on the bundle (calibrated or not, fp32 or integer kernels, whose
     extra verify rows cost far more on CPUs without dot-product instructions) and on the text, so
-    at greedy each kind of round is priced against plain rounds from measured tokens per second:
-    a few rounds of each to start, then a source is used only while it is not slower than plain,
-    re-checking the other choice now and then; greedy output is the same either way. When
-    sampling, the drafts decide which random numbers are drawn, so a timed choice would make a seed
-    give different text from run to run: lookup is used whenever it matches and a round without a
-    match is a plain step.
+    at greedy the choice between an early-exit round and a plain round is made from their measured
+    tokens per second: a few rounds of each to start, then early exit only while it beats plain by
+    a margin, re-checking now and then (rarely when it loses clearly: each re-check costs a slow
+    round); greedy output is the same either way. A lookup match is always taken: its value is the
+    match at hand, which a rate averaged over other contexts does not predict (measured: pricing
+    lookup rounds that way dropped the copies that pay on summarisation). When sampling, the drafts
+    decide which random numbers are drawn, so a timed choice would make a seed give different text
+    from run to run: a round without a lookup match is a plain step.
     """
 
     MIN_ROUNDS, EXPLORE_EVERY = 3, 32
+    MARGIN = 0.02        # a source must beat plain by this much: plain is the safer choice
+    CLEAR_LOSS = 0.75    # below this fraction of plain's rate a source is re-checked 8x less often
 
     def __init__(self, lookup: LookupDrafter, early_exit: EarlyExitDrafter):
         self.lookup, self.early_exit = lookup, early_exit
-        self.rates = {"early_exit": RateEstimate(), "lookup": RateEstimate(), "plain": RateEstimate()}
+        self.rates = {"early_exit": RateEstimate(), "plain": RateEstimate()}
         self.choices = 0
 
     def observe(self, source: str, tokens: int, seconds: float) -> None:
@@ -166,15 +167,14 @@ class HybridDrafter:
         self.choices += 1
         if mine.rounds < self.MIN_ROUNDS or plain.rounds < self.MIN_ROUNDS:
             return mine.rounds <= plain.rounds
-        faster = mine.rate >= plain.rate
-        return faster != (self.choices % self.EXPLORE_EVERY == 0)
+        faster = mine.rate > plain.rate * (1 + self.MARGIN)
+        every = self.EXPLORE_EVERY * (8 if mine.rate < plain.rate * self.CLEAR_LOSS else 1)
+        return faster != (self.choices % every == 0)
 
     def draft(self, history, pending, start, num_draft_tokens, settings: DecodeSettings, rng) -> Draft | None:
-        greedy = settings.sampling.greedy
-        if self.lookup.has_match(history, num_draft_tokens, settings):
-            if greedy and not self._pays("lookup"):
-                return None  # a plain step
-            return self.lookup.draft(history, pending, start, num_draft_tokens, settings, rng)
-        if not greedy or not self._pays("early_exit"):
+        found = self.lookup.draft(history, pending, start, num_draft_tokens, settings, rng)
+        if found is not None:
+            return found
+        if not settings.sampling.greedy or not self._pays("early_exit"):
             return None
         return self.early_exit.draft(history, pending, start, num_draft_tokens, settings, rng)

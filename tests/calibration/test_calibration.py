@@ -183,3 +183,29 @@ def test_recalibrating_a_bundle_uses_its_recorded_source(tiny_bundle, tmp_path):
     manifest_io.write(orphan, m.replace(extra={}))
     with pytest.raises(ConfigError, match="source model"):
         resolve_source(ExportConfig(source=orphan, exit_layer=None, num_draft_tokens=None))
+
+
+def test_a_quantized_calibration_prices_rows_with_its_own_kernels(tiny_model_dir, tmp_path, monkeypatch):
+    """Costs are timed, and defaults measured, on int8 graphs (MatMulNBits), not on the fp32 ones."""
+    import specdeploy.runtime.costs as costs_module
+    import specdeploy.calibration.steps as steps
+
+    timed, measured = [], []
+    real_measure, real_e2e = costs_module.measure, steps.measure_end_to_end
+
+    def measure(split, max_rows):
+        timed.append({g.precision for g in split.manifest.graphs.values()})
+        return real_measure(split, max_rows, repeats=2)
+
+    def end_to_end(bundle, *args):
+        measured.append(manifest_io.read(bundle).precision)
+        return real_e2e(bundle, *args)
+
+    monkeypatch.setattr(costs_module, "measure", measure)
+    monkeypatch.setattr("specdeploy.export.calibrate.measure_end_to_end", end_to_end)
+    config = ExportConfig(source=tiny_model_dir, exit_layer=2, num_draft_tokens=None, max_context=128,
+                          output=tmp_path / "cal-int8", precision="int8")
+    export(config, lambda line: None, SMALL)
+    assert timed == [{"int8"}] and measured[-1] == "int8"
+    m = manifest_io.read(tmp_path / "cal-int8")
+    assert m.precision == "int8" and m.calibration["measured_speedup"] and m.row_check["passed"]

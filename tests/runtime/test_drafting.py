@@ -45,19 +45,8 @@ def test_ngram_ranges_from_json_lists_are_accepted():
 
 
 class _Never:
-    def has_match(self, *args):
-        return False
-
     def draft(self, *args):
         return None
-
-
-class _AlwaysMatches:
-    def has_match(self, *args):
-        return True
-
-    def draft(self, *args):
-        return "lookup"
 
 
 class _Marker:
@@ -77,33 +66,22 @@ def _picks(rounds: int, early: tuple[int, float], plain: tuple[int, float]) -> l
 
 
 def test_hybrid_falls_back_to_the_faster_of_early_exit_and_plain():
-    picks = _picks(64, early=(1, 0.05), plain=(1, 0.02))  # early exit 20 tok/s, plain 50 tok/s
+    picks = _picks(64, early=(1, 0.022), plain=(1, 0.02))  # early exit 45 tok/s, plain 50 tok/s
     assert picks[:6].count("early") == 3  # measures both first
     later = picks[10:]
     assert later.count(None) > 0.9 * len(later) and "early" in later  # plain wins, early re-checked
+    clear = _picks(600, early=(1, 0.05), plain=(1, 0.02))[10:]  # 20 vs 50 tok/s: re-checked 8x less often
+    assert 1 <= clear.count("early") <= len(clear) // 200
+
+
+def test_hybrid_needs_a_margin_to_leave_plain_steps():
+    picks = _picks(80, early=(101, 2.0), plain=(1, 0.02))  # early exit 1% faster: within the margin
+    assert picks[10:].count(None) > 0.9 * len(picks[10:])
 
 
 def test_hybrid_keeps_early_exit_when_it_is_faster():
     picks = _picks(40, early=(3, 0.03), plain=(1, 0.03))
     assert picks[10:].count("early") > 0.85 * len(picks[10:])
-
-
-def test_hybrid_prices_lookup_rounds_against_plain_ones():
-    """Integer kernels make extra verify rows dear: a lookup that does not pay falls back to plain."""
-    for lookup_rate, wanted in (((2, 0.05), None), ((4, 0.02), "lookup")):  # 40 or 200 vs 50 tok/s
-        hybrid = HybridDrafter(_AlwaysMatches(), _Marker())
-        picks = []
-        for _ in range(64):
-            choice = hybrid.draft(None, 0, 0, 4, GREEDY, None)
-            picks.append(choice)
-            hybrid.observe(*(("lookup", *lookup_rate) if choice == "lookup" else ("plain", 1, 0.02)))
-        later = picks[10:]
-        assert "early" not in picks and later.count(wanted) > 0.9 * len(later)
-        assert {None, "lookup"} <= set(later)  # the other choice is re-checked now and then
-    sampled = HybridDrafter(_AlwaysMatches(), _Marker())
-    for _ in range(10):
-        sampled.observe("lookup", 1, 1.0)  # however slow it measured, a seed's text must not depend on it
-    assert all(sampled.draft(None, 0, 0, 4, SAMPLED, None) == "lookup" for _ in range(10))
 
 
 def test_hybrid_never_times_its_choice_when_sampling():
