@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Re-measure every figure in docs/benchmarks.md on this machine (about 50 minutes on 2 cores).
+# Re-measure every figure in docs/benchmarks.md on this machine (about 75 minutes on 2 cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/specdeploy ] || scripts/setup.sh
@@ -8,13 +8,21 @@ scripts/fetch_model.sh
 model=models/SmolLM2-135M-Instruct.Q4_1.gguf
 [ -f engine.plan/manifest.json ] || specdeploy export --exit-layer 8 "$model" --output engine.plan
 [ -f cal.plan/manifest.json ] || time specdeploy calibrate "$model" --output cal.plan
-specdeploy bench cal.plan --prompts-per-category 4 --repeats 3 --max-tokens 64 --compare --sweep \
+specdeploy bench cal.plan --prompts-per-category 4 --repeats 3 --max-tokens 64 --sweep \
     --model "$model" -o docs/bench
 specdeploy bench cal.plan --prompts-per-category 4 --repeats 3 --max-tokens 64 --greedy-only --no-plots \
     --lookup-ngram 2 4 -o docs/bench/lookup-ngram-2-4                        # classic prompt lookup and its bound
 python scripts/lookup_ngram_ab.py cal.plan                                 # lookup n = 2..4 vs 1..4, one run
 specdeploy bench engine.plan --quick -o docs/bench/uncalibrated-quick
-for p in int8 fp16 fp8; do
+# integer compute beside ONNX Runtime GenAI, llama.cpp, Optimum and HF (scripts/setup_peers.sh: ~15 min once)
+scripts/setup_peers.sh
+for p in int8 int4; do
+    [ -f "engine-$p.plan/manifest.json" ] || specdeploy quantize engine.plan --precision "$p" -o "engine-$p.plan"
+done
+.venv-peers/bin/specdeploy bench engine.plan --compare --also engine-int8.plan --also engine-int4.plan \
+    --model "$model" --repeats 3 --prompts-per-category 1 -o docs/bench/peers
+specdeploy bench engine-int4.plan --greedy-only --prompts-per-category 2 --repeats 2 --no-plots -o docs/bench/int4-greedy
+for p in fp16 fp8; do
     rm -rf "cal-$p.plan"
     specdeploy quantize cal.plan --precision "$p" -o "cal-$p.plan" | grep "top-1 agreement"
     specdeploy bench "cal-$p.plan" --quick --greedy-only --no-plots -o "/tmp/bench-$p"   # fails if greedy identity breaks

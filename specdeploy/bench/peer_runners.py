@@ -15,7 +15,7 @@ class PeerUnavailable(Exception):
     pass
 
 
-def _import(module: str, install: str):
+def _import(module: str):
     import importlib
 
     try:
@@ -56,7 +56,7 @@ def hf_directory(source: Path, cache: Path) -> Path:
     target = cache / f"hf-{source.stem}"
     if (target / "config.json").is_file():
         return target
-    transformers = _import("transformers", "peers")
+    transformers = _import("transformers")
     model = transformers.AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name)
     tokenizer = transformers.AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
     model.save_pretrained(target)
@@ -79,7 +79,7 @@ class OrtGenAI:
     """ONNX Runtime GenAI on a model its own builder made from the HF directory (cached)."""
 
     def __init__(self, source: Path, cache: Path, precision: str, threads: int | None):
-        og = _import("onnxruntime_genai", "peers")
+        og = _import("onnxruntime_genai")
         hf = hf_directory(source, cache)
         out = cache / f"ortgenai-{precision}-{hf.name}"
         if not (out / "genai_config.json").is_file():
@@ -116,7 +116,7 @@ class LlamaCpp:
     def __init__(self, source: Path, threads: int | None):
         if Path(source).suffix != ".gguf":
             raise PeerUnavailable("llama.cpp runs a .gguf file; pass --model FILE.gguf")
-        llama_cpp = _import("llama_cpp", "peers")
+        llama_cpp = _import("llama_cpp")
         self.llm = llama_cpp.Llama(model_path=str(source), n_ctx=2048, n_threads=_threads(threads),
                                    n_threads_batch=_threads(threads), verbose=False)
         self.note = f"llama-cpp-python {llama_cpp.__version__} on {Path(source).name}"
@@ -137,18 +137,18 @@ class Transformers:
     """Hugging Face `generate` (fp32, PyTorch), or Optimum's ORTModelForCausalLM over its ONNX export."""
 
     def __init__(self, source: Path, cache: Path, optimum: bool, threads: int | None):
-        torch = _import("torch", "peers")
+        torch = _import("torch")
         torch.set_num_threads(_threads(threads))
         hf = hf_directory(source, cache)
         if optimum:
-            ort_models = _import("optimum.onnxruntime", "peers")
+            ort_models = _import("optimum.onnxruntime")
             exported = cache / f"optimum-{hf.name}"
             if not (exported / "config.json").is_file():
                 ort_models.ORTModelForCausalLM.from_pretrained(hf, export=True).save_pretrained(exported)
             self.model = ort_models.ORTModelForCausalLM.from_pretrained(exported)
             self.note = "Optimum ORTModelForCausalLM (ONNX Runtime, fp32, its own export)"
         else:
-            transformers = _import("transformers", "peers")
+            transformers = _import("transformers")
             self.model = transformers.AutoModelForCausalLM.from_pretrained(hf, torch_dtype=torch.float32).eval()
             self.note = f"transformers {transformers.__version__} generate, fp32"
         self.torch = torch
