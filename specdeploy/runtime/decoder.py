@@ -138,6 +138,6 @@ class Decoder:
         committed = draft.tokens[:accepted]
         self.history[valid + 1 : valid + 1 + accepted] = committed
         stats.record_round(draft.source, len(draft.tokens), accepted)
-        drafter.observe(draft.source, accepted + 1, time.perf_counter() - began)
+        drafter.observe(draft, accepted, time.perf_counter() - began)
         emitted = Emitted((*committed, token), (True,) * accepted + (False,), draft.source)
         return emitted, valid + accepted + 1, token

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import SamplingParams
-from ..constants import MAX_DRAFT_TOKENS
+from ..constants import MAX_DRAFT_TOKENS, PLAIN
+from .copy_length import CopyLength
 from .sampling import sample, warp
 from .settings import DecodeSettings
 from .split_model import SplitModel
@@ -23,6 +24,7 @@ class Draft:
     probs: np.ndarray | None  # [m, V] warped draft distributions, None when one-hot
     hidden: np.ndarray        # [m+1, H] h_k rows of the pending token and each draft
     source: str
+    match: int = 0            # a greedy lookup's match length n (0: any other round)
 
 
 class EarlyExitDrafter:
@@ -50,7 +52,7 @@ class EarlyExitDrafter:
             self.probs[row, self.vocab_ids] = q
         return self._full_id(sample(q, rng)), float(q.max())
 
-    def observe(self, source: str, tokens: int, seconds: float) -> None:
+    def observe(self, draft: Draft, accepted: int, seconds: float) -> None:
         """Round outcomes, reported by the decoder (unused: early exit always drafts)."""
 
     def _full_id(self, index: int) -> int:
@@ -75,11 +77,17 @@ class EarlyExitDrafter:
         return Draft(tokens, probs, self.hidden[: m + 1], "early_exit")
 
 
-def find_continuation(history: np.ndarray, num_draft_tokens: int, ngram_min: int, ngram_max: int) -> np.ndarray:
-    """Tokens that followed the most recent earlier match of the longest suffix n-gram (or empty).
+MATCH_CAP = 8  # match lengths past this predict a copy no better: one class for the rest
+
+
+def find_continuation(history: np.ndarray, num_draft_tokens: int, ngram_min: int,
+                      ngram_max: int) -> tuple[np.ndarray, int]:
+    """(tokens that followed the most recent earlier match of the longest suffix n-gram, match), or (empty, 0).
 
     A single-token match is weak evidence: it copies one token. On a CPU a drafted row costs a
     tenth to a quarter of a step, and longer copies after one matching token are mostly rejected.
+    `match` counts how far back the match agrees, past the n-gram (up to MATCH_CAP): text being
+    copied agrees far back, and its continuation is far likelier to be accepted.
     """
     length = len(history)
     for n in range(min(ngram_max, length - 1), ngram_min - 1, -1):
@@ -87,35 +95,48 @@ def find_continuation(history: np.ndarray, num_draft_tokens: int, ngram_min: int
         windows = np.lib.stride_tricks.sliding_window_view(history[: length - 1], n)  # [N-n, n]
         hits = np.flatnonzero((windows == pattern).all(axis=1))
         if len(hits):
-            begin = int(hits[-1]) + n
-            return history[begin : begin + (num_draft_tokens if n > 1 else min(num_draft_tokens, 1))]
-    return history[:0]
+            at = int(hits[-1])
+            begin = at + n
+            match = n
+            while match < MATCH_CAP and at - 1 - (match - n) >= 0 and \
+                    history[at - 1 - (match - n)] == history[length - 1 - match]:
+                match += 1
+            return history[begin : begin + (num_draft_tokens if n > 1 else min(num_draft_tokens, 1))], match
+    return history[:0], 0
 
 
 class LookupDrafter:
     """Copy the continuation of an earlier occurrence of the last n tokens (prompt lookup).
 
     The copied tokens are a deterministic proposal; one batched draft-graph call writes their
-    draft-layer KV rows and returns the h_k rows the verify pass needs. The n-gram range comes with
-    each call's settings: a drafter shared by many requests holds no per-request state.
+    draft-layer KV rows and returns the h_k rows the verify pass needs. At greedy, how many of the
+    offered tokens to copy is priced by `CopyLength` from measured row costs and acceptance. The
+    n-gram range comes with each call's settings: a drafter shared by many requests holds no
+    per-request state, only machine-wide measurements.
     """
 
     def __init__(self, model: SplitModel):
-        self.model = model
+        self.model, self.length = model, CopyLength()
 
-    def observe(self, source: str, tokens: int, seconds: float) -> None:
-        """Round outcomes, reported by the decoder (unused: lookup is free to propose)."""
+    def observe(self, draft: Draft, accepted: int, seconds: float) -> None:
+        """Plain and lookup rounds price rows; greedy lookup rounds also measure acceptance."""
+        if draft.source in (PLAIN, "lookup"):
+            self.length.observe(len(draft.tokens) + 1, draft.match, len(draft.tokens), accepted, seconds)
 
     def draft(self, history, pending: int, start: int, num_draft_tokens: int, settings: DecodeSettings,
               rng) -> Draft | None:
         if num_draft_tokens == 0:
             return None
-        continuation = find_continuation(history, num_draft_tokens, *settings.lookup_ngram)
+        continuation, match = find_continuation(history, num_draft_tokens, *settings.lookup_ngram)
+        if not settings.sampling.greedy:
+            match = 0  # a seed's text must not depend on measurements: copy what the match offers
+        elif match:
+            continuation = continuation[: self.length.choose(match, len(continuation))]
         if len(continuation) == 0:
             return None
         tokens = [int(t) for t in continuation]
         hidden = self.model.draft_pass([pending, *tokens], start)  # [m+1, H]
-        return Draft(tokens, None, hidden, "lookup")
+        return Draft(tokens, None, hidden, "lookup", match)
 
 
 class RateEstimate:
@@ -142,9 +163,10 @@ class HybridDrafter:
     at greedy the choice between an early-exit round and a plain round is made from their measured
     tokens per second: a few rounds of each to start, then early exit only while it beats plain by
     a margin, re-checking now and then (rarely when it loses clearly: each re-check costs a slow
-    round); greedy output is the same either way. A lookup match is always taken: its value is the
-    match at hand, which a rate averaged over other contexts does not predict (measured: pricing
-    lookup rounds that way dropped the copies that pay on summarisation). When sampling, the drafts
+    round); greedy output is the same either way. A lookup match is not priced by a rate averaged
+    over other contexts (measured: that dropped the copies that pay on summarisation) but by its
+    match length and the cost of each copied row (`CopyLength`); when it declines, the round is
+    an early-exit or plain one as above. When sampling, the drafts
     decide which random numbers are drawn, so a timed choice would make a seed give different text
     from run to run: a round without a lookup match is a plain step.
     """
@@ -158,9 +180,10 @@ class HybridDrafter:
         self.rates = {"early_exit": RateEstimate(), "plain": RateEstimate()}
         self.choices = 0
 
-    def observe(self, source: str, tokens: int, seconds: float) -> None:
-        if source in self.rates:
-            self.rates[source].add(tokens, seconds)
+    def observe(self, draft: Draft, accepted: int, seconds: float) -> None:
+        if draft.source in self.rates:
+            self.rates[draft.source].add(accepted + 1, seconds)
+        self.lookup.observe(draft, accepted, seconds)
 
     def _pays(self, source: str) -> bool:
         mine, plain = self.rates[source], self.rates["plain"]

@@ -3,7 +3,7 @@ import pytest
 
 from specdeploy.errors import ConfigError
 from specdeploy.config import check_ngram
-from specdeploy.runtime.drafting import HybridDrafter, find_continuation
+from specdeploy.runtime.drafting import Draft, HybridDrafter, LookupDrafter, find_continuation
 from specdeploy.config import SamplingParams
 from specdeploy.runtime.settings import DecodeSettings
 
@@ -18,20 +18,30 @@ GREEDY, SAMPLED = _settings(0.0), _settings(1.0)
 def test_lookup_prefers_longest_most_recent_match():
     history = np.array([1, 2, 3, 9, 9, 7, 2, 3, 4, 5, 6, 1, 2, 3])
     # suffix [1, 2, 3] matched at 0 -> continuation [9, 9, 7, ...]; [2, 3] alone would match later
-    assert find_continuation(history, 3, 2, 4).tolist() == [9, 9, 7]
-    assert find_continuation(history, 10, 2, 2).tolist() == [4, 5, 6, 1, 2, 3]
+    tokens, n = find_continuation(history, 3, 2, 4)
+    assert (tokens.tolist(), n) == ([9, 9, 7], 3)
+    tokens, n = find_continuation(history, 10, 2, 2)
+    assert (tokens.tolist(), n) == ([4, 5, 6, 1, 2, 3], 2)
+
+
+def test_lookup_reports_how_far_back_the_match_agrees():
+    history = np.array([7, 1, 2, 3, 4, 5, 9, 8, 1, 2, 3, 4, 5])
+    tokens, match = find_continuation(history, 2, 2, 4)  # the 4-gram [2, 3, 4, 5] agrees back to 1
+    assert (tokens.tolist(), match) == ([9, 8], 5)
+    copied = np.array([*range(20), *range(20)])
+    assert find_continuation(copied, 2, 2, 4)[1] == 8  # capped
 
 
 def test_lookup_without_match_is_empty():
-    assert find_continuation(np.array([1, 2, 3, 4]), 5, 2, 4).tolist() == []
-    assert find_continuation(np.array([1]), 5, 1, 4).tolist() == []
+    assert find_continuation(np.array([1, 2, 3, 4]), 5, 2, 4)[1] == 0
+    assert find_continuation(np.array([1]), 5, 1, 4)[0].tolist() == []
 
 
 def test_single_token_matches_copy_one_token_when_the_range_allows_them():
     history = np.array([5, 6, 7, 8, 6])
-    assert find_continuation(history, 3, 2, 4).tolist() == []
-    assert find_continuation(history, 3, 1, 4).tolist() == [7]
-    assert find_continuation(np.array([5, 6, 7, 8, 5, 6]), 3, 1, 4).tolist() == [7, 8, 5]  # n = 2: up to γ
+    assert find_continuation(history, 3, 2, 4)[0].tolist() == []
+    assert find_continuation(history, 3, 1, 4)[0].tolist() == [7]
+    assert find_continuation(np.array([5, 6, 7, 8, 5, 6]), 3, 1, 4)[0].tolist() == [7, 8, 5]  # n = 2: up to γ
 
 
 @pytest.mark.parametrize("bad", [(3, 2), (0, 2), (1, 17), (True, 2), ("2", 4), (2,), 4, None])
@@ -48,6 +58,13 @@ class _Never:
     def draft(self, *args):
         return None
 
+    def observe(self, *args):
+        pass
+
+
+def _observe(hybrid: HybridDrafter, source: str, tokens: int, seconds: float) -> None:
+    hybrid.observe(Draft([], None, np.zeros((1, 1)), source), tokens - 1, seconds)
+
 
 class _Marker:
     def draft(self, *args):
@@ -61,7 +78,7 @@ def _picks(rounds: int, early: tuple[int, float], plain: tuple[int, float]) -> l
     for _ in range(rounds):
         choice = hybrid.draft(None, 0, 0, 4, GREEDY, None)
         picks.append(choice)
-        hybrid.observe(*(("early_exit", *early) if choice == "early" else ("plain", *plain)))
+        _observe(hybrid, *(("early_exit", *early) if choice == "early" else ("plain", *plain)))
     return picks
 
 
@@ -88,7 +105,25 @@ def test_hybrid_never_times_its_choice_when_sampling():
     """A seed must give the same text whatever the machine measured: no early exit when sampling."""
     hybrid = HybridDrafter(_Never(), _Marker())
     for _ in range(20):
-        hybrid.observe("early_exit", 5, 0.01)  # early exit looks much faster
-        hybrid.observe("plain", 1, 0.05)
+        _observe(hybrid, "early_exit", 5, 0.01)  # early exit looks much faster
+        _observe(hybrid, "plain", 1, 0.05)
     assert hybrid.draft(None, 0, 0, 4, GREEDY, None) == "early"
     assert all(hybrid.draft(None, 0, 0, 4, SAMPLED, None) is None for _ in range(40))
+
+
+class _DraftGraph:
+    def draft_pass(self, tokens, start):
+        return np.zeros((len(tokens), 2))  # [S, H]
+
+
+def test_lookup_length_is_priced_at_greedy_only():
+    """A seed's text must not depend on measurements: sampled rounds copy what the match offers."""
+    lookup = LookupDrafter(_DraftGraph())
+    lookup.length.choose = lambda match, offered: 0  # as if every copy had been measured to lose
+    history = np.array([5, 6, 7, 8, 9, 5, 6])
+    assert lookup.draft(history, 6, 6, 4, GREEDY, None) is None
+    sampled = lookup.draft(history, 6, 6, 4, SAMPLED, None)
+    assert sampled.tokens == [7, 8, 9, 5] and sampled.match == 0
+    lookup.length.choose = lambda match, offered: 2
+    greedy = lookup.draft(history, 6, 6, 4, GREEDY, None)
+    assert greedy.tokens == [7, 8] and greedy.match == 2 and greedy.hidden.shape == (3, 2)

@@ -1,0 +1,108 @@
+"""How many tokens a greedy lookup round copies: the length whose expected tokens per second is best.
+
+A copied token is worth drafting only when the tokens it is expected to add pay for the verify row
+it costs. With fp32 kernels on a CPU an extra row costs a tenth of a step and copying everything a
+match offers is nearly free; with integer kernels an extra row can cost a third of a step or more,
+and a rejected copy of four tokens loses more than a plain step gains. Both sides are measured as
+the engine runs, so the choice follows the machine and the text:
+
+* `RowCosts`: seconds of plain and lookup rounds by the rows they verified; a line through the
+  measured points prices row counts not yet seen;
+* `CopyAcceptance`: how often the j-th copied token was accepted once the ones before it were,
+  per match length n (a 4-token match predicts its continuation better than a 1-token one).
+
+Greedy output does not depend on the choice, only its speed; sampled rounds copy what the match
+offers, so a seed's text never depends on what the machine measured.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..constants import MAX_DRAFT_TOKENS, MAX_NGRAM
+
+
+class RowCosts:
+    """Decayed mean seconds of a round by the rows its verify pass carried."""
+
+    MIN_WEIGHT = 3.0  # a row count's own mean is used once it has about this many rounds
+
+    def __init__(self, decay: float = 0.9):
+        self.decay = decay
+        self.seconds_sum = np.zeros(MAX_DRAFT_TOKENS + 2)  # [rows]
+        self.weight = np.zeros(MAX_DRAFT_TOKENS + 2)       # [rows]
+
+    def add(self, rows: int, seconds: float) -> None:
+        self.seconds_sum[rows] = self.decay * self.seconds_sum[rows] + seconds
+        self.weight[rows] = self.decay * self.weight[rows] + 1.0
+
+    def _mean(self, rows: int) -> float:
+        return self.seconds_sum[rows] / self.weight[rows]
+
+    def seconds(self, rows: int) -> float | None:
+        """Expected seconds of a round over `rows` rows; None until plain and longer rounds were seen."""
+        if self.weight[rows] >= self.MIN_WEIGHT:
+            return float(self._mean(rows))
+        if self.weight[1] == 0:
+            return None
+        seen = [r for r in range(2, len(self.weight)) if self.weight[r] > 0]
+        if not seen:
+            return None
+        base = self._mean(1)
+        weights = np.array([self.weight[r] for r in seen])
+        slopes = np.array([(self._mean(r) - base) / (r - 1) for r in seen])
+        slope = max(float(weights @ slopes / weights.sum()), 0.0)
+        return float(base + slope * (rows - 1))
+
+
+class CopyAcceptance:
+    """Decayed counts of the j-th copied token accepted after its predecessors, per match length."""
+
+    PRIOR = (1.0, 2.0)  # one acceptance in two tries: an unseen position starts at a coin flip
+
+    def __init__(self, decay: float = 0.98):
+        self.decay = decay
+        self.accepted = np.zeros((MAX_NGRAM + 1, MAX_DRAFT_TOKENS))  # [n, j]
+        self.tried = np.zeros((MAX_NGRAM + 1, MAX_DRAFT_TOKENS))     # [n, j]
+
+    def add(self, match: int, drafted: int, accepted: int) -> None:
+        """A round copied `drafted` tokens after an n-token match; the first `accepted` were kept."""
+        self.accepted[match] *= self.decay
+        self.tried[match] *= self.decay
+        self.tried[match, : min(accepted + 1, drafted)] += 1.0
+        self.accepted[match, :accepted] += 1.0
+
+    def expected_tokens(self, match: int, available: int) -> np.ndarray:
+        """Expected tokens a round emits when it copies d = 0..available tokens: [available + 1]."""
+        hits, tries = self.PRIOR
+        keep = (self.accepted[match, :available] + hits) / (self.tried[match, :available] + tries)
+        return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(keep))])
+
+
+class CopyLength:
+    """Chooses a greedy lookup round's length; 0 means a plain step pays better than any copy."""
+
+    MARGIN = 0.03        # a copy must beat a plain step by this much: the plain step is the safer choice
+    EXPLORE_EVERY = 16   # every so many matches, copy one token more than pays, to keep learning
+
+    def __init__(self):
+        self.costs, self.acceptance, self.choices = RowCosts(), CopyAcceptance(), 0
+
+    def observe(self, rows: int, match: int, drafted: int, accepted: int, seconds: float) -> None:
+        """A plain (match 0, rows 1) or lookup round that took `seconds`."""
+        self.costs.add(rows, seconds)
+        if match and drafted:
+            self.acceptance.add(match, drafted, accepted)
+
+    def choose(self, match: int, available: int) -> int:
+        self.choices += 1
+        if self.costs.weight[1] == 0:
+            return 0  # a plain round first: every copy is priced against it
+        prices = [self.costs.seconds(d + 1) for d in range(available + 1)]
+        if any(p is None for p in prices):
+            return available  # nothing to price longer rounds with yet: copy it all, and learn
+        rates = self.acceptance.expected_tokens(match, available) / np.array(prices)  # tokens/s by d
+        best = int(rates.argmax())
+        best = best if best and rates[best] > rates[0] * (1 + self.MARGIN) else 0
+        if self.choices % self.EXPLORE_EVERY == 0:
+            return min(best + 1, available)  # re-check one copy more than pays: the cheapest lesson
+        return best

@@ -1,0 +1,72 @@
+import numpy as np
+
+from specdeploy.runtime.copy_length import CopyAcceptance, CopyLength, RowCosts
+
+
+def _run(policy: CopyLength, rounds: int, step_s: float, row_s: float, accept, match: int = 2,
+         offered: int = 4) -> list[int]:
+    """Lengths chosen when a round over r rows takes step_s + row_s*(r-1) and accept(d) tokens are kept."""
+    chosen = []
+    for _ in range(rounds):
+        d = policy.choose(match, offered)
+        chosen.append(d)
+        policy.observe(d + 1, match if d else 0, d, accept(d), step_s + row_s * d)
+    return chosen
+
+
+def test_row_costs_price_unseen_rows_with_a_line_through_the_measured_ones():
+    costs = RowCosts()
+    assert costs.seconds(1) is None
+    for _ in range(5):
+        costs.add(1, 0.010)
+    assert costs.seconds(3) is None  # no longer round seen: no slope yet
+    costs.add(5, 0.018)
+    assert np.isclose(costs.seconds(3), 0.014) and np.isclose(costs.seconds(1), 0.010)
+
+
+def test_acceptance_counts_each_position_given_its_predecessors():
+    acceptance = CopyAcceptance(decay=1.0)
+    for _ in range(98):
+        acceptance.add(3, drafted=4, accepted=1)  # first copy kept, second always rejected
+    expected = acceptance.expected_tokens(3, 4)
+    assert expected[0] == 1.0 and np.isclose(expected[1], 1.99, atol=0.01)
+    assert np.isclose(expected[2], expected[1], atol=0.02)  # the second copy adds nothing
+    assert np.allclose(acceptance.expected_tokens(2, 2), [1.0, 1.5, 1.75])  # unseen: the prior
+
+
+def _geometric(p: float):
+    """Each copied token kept with probability p once the ones before it were."""
+    rng = np.random.default_rng(0)
+    return lambda d: int(np.argmin(np.append(rng.random(d) < p, False)))
+
+
+def test_cheap_rows_copy_everything_offered():
+    chosen = _run(CopyLength(), 200, step_s=0.010, row_s=0.0005, accept=_geometric(0.8))
+    assert chosen[50:].count(4) > 0.85 * 150
+
+
+def test_rows_that_cost_more_than_their_expected_tokens_give_plain_steps():
+    chosen = _run(CopyLength(), 200, step_s=0.010, row_s=0.006, accept=_geometric(0.5))
+    assert chosen[50:].count(0) > 0.85 * 150
+
+
+def test_expensive_rows_copy_only_what_tends_to_be_accepted():
+    chosen = _run(CopyLength(), 200, step_s=0.010, row_s=0.004, accept=lambda d: min(d, 1))
+    later = chosen[50:]
+    assert later.count(1) > 0.85 * len(later)  # one copy pays (2 tokens for 1.4 steps), more do not
+    assert later.count(2) >= len(later) // 20  # one more copy still re-checked now and then
+
+
+def test_copies_that_are_always_rejected_give_plain_steps():
+    chosen = _run(CopyLength(), 200, step_s=0.010, row_s=0.003, accept=lambda d: 0)
+    later = chosen[50:]
+    assert later.count(0) > 0.85 * len(later)
+
+
+def test_match_lengths_are_priced_apart():
+    policy = CopyLength()
+    for _ in range(100):  # 1-token matches are rejected, 4-token matches accepted
+        for match, accept in ((1, lambda d: 0), (4, lambda d: d)):
+            d = policy.choose(match, 4)
+            policy.observe(d + 1, match if d else 0, d, accept(d), 0.010 + 0.003 * d)
+    assert policy.choose(1, 4) == 0 and policy.choose(4, 4) == 4
