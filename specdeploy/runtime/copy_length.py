@@ -72,17 +72,25 @@ class CopyAcceptance:
         self.accepted[match, :accepted] += 1.0
 
     def expected_tokens(self, match: int, available: int) -> np.ndarray:
-        """Expected tokens a round emits when it copies d = 0..available tokens: [available + 1]."""
+        """Expected tokens a round emits when it copies d = 0..available tokens: [available + 1].
+
+        A position this match length has rarely reached borrows what every match length shows
+        there: once a copy has been accepted, the next copied token usually is too (copied text
+        goes on), and a coin-flip prior would keep long matches copying one token at a time.
+        """
         hits, tries = self.PRIOR
-        keep = (self.accepted[match, :available] + hits) / (self.tried[match, :available] + tries)
+        later = (self.accepted[:, 1:].sum() + hits) / (self.tried[:, 1:].sum() + tries)
+        prior = np.full(available, later * tries)  # [available] prior hits per position
+        prior[:1] = hits
+        keep = (self.accepted[match, :available] + prior) / (self.tried[match, :available] + tries)
         return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(keep))])
 
 
 class CopyLength:
     """Chooses a greedy lookup round's length; 0 means a plain step pays better than any copy."""
 
-    MARGIN = 0.03        # a copy must beat a plain step by this much: the plain step is the safer choice
-    EXPLORE_EVERY = 16   # every so many matches, copy one token more than pays, to keep learning
+    MARGIN = 0.05        # a copy must beat a plain step by this much: the plain step is the safer choice
+    EXPLORE_EVERY = 32   # every so many matches, copy one token more than pays, to keep learning
 
     def __init__(self):
         self.costs, self.acceptance, self.choices = RowCosts(), CopyAcceptance(), 0

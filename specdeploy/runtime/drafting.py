@@ -87,22 +87,31 @@ def find_continuation(history: np.ndarray, num_draft_tokens: int, ngram_min: int
     A single-token match is weak evidence: it copies one token. On a CPU a drafted row costs a
     tenth to a quarter of a step, and longer copies after one matching token are mostly rejected.
     `match` counts how far back the match agrees, past the n-gram (up to MATCH_CAP): text being
-    copied agrees far back, and its continuation is far likelier to be accepted.
+    copied agrees far back, and its continuation is far likelier to be accepted. Every round
+    searches, so the search is one vectorised compare for the last token and a short walk back
+    from each earlier occurrence of it, most recent first.
     """
     length = len(history)
-    for n in range(min(ngram_max, length - 1), ngram_min - 1, -1):
-        pattern = history[length - n :]
-        windows = np.lib.stride_tricks.sliding_window_view(history[: length - 1], n)  # [N-n, n]
-        hits = np.flatnonzero((windows == pattern).all(axis=1))
-        if len(hits):
-            at = int(hits[-1])
-            begin = at + n
-            match = n
-            while match < MATCH_CAP and at - 1 - (match - n) >= 0 and \
-                    history[at - 1 - (match - n)] == history[length - 1 - match]:
-                match += 1
-            return history[begin : begin + (num_draft_tokens if n > 1 else min(num_draft_tokens, 1))], match
-    return history[:0], 0
+    best, at = 0, -1
+    for i in np.flatnonzero(history[: length - 1] == history[length - 1])[::-1]:
+        n = _agreement(history, int(i), ngram_max)
+        if n > best:
+            best, at = n, int(i)
+            if best == ngram_max:
+                break
+    if best < ngram_min:
+        return history[:0], 0
+    begin = at + 1
+    tokens = history[begin : begin + (num_draft_tokens if best > 1 else min(num_draft_tokens, 1))]
+    return tokens, _agreement(history, at, max(MATCH_CAP, ngram_max))
+
+
+def _agreement(history: np.ndarray, at: int, cap: int) -> int:
+    """How many tokens ending at `at` equal the history's last ones (at most cap)."""
+    last, n = len(history) - 1, 1
+    while n < cap and at - n >= 0 and history[at - n] == history[last - n]:
+        n += 1
+    return n
 
 
 class LookupDrafter:

@@ -127,3 +127,22 @@ def test_lookup_length_is_priced_at_greedy_only():
     lookup.length.choose = lambda match, offered: 2
     greedy = lookup.draft(history, 6, 6, 4, GREEDY, None)
     assert greedy.tokens == [7, 8] and greedy.match == 2 and greedy.hidden.shape == (3, 2)
+
+
+def _reference_continuation(history, num_draft_tokens, ngram_min, ngram_max):
+    """The definition, searched the slow way: longest suffix n-gram first, its most recent match."""
+    for n in range(min(ngram_max, len(history) - 1), ngram_min - 1, -1):
+        for at in range(len(history) - 1 - n, -1, -1):
+            if history[at : at + n].tolist() == history[len(history) - n :].tolist():
+                return history[at + n : at + n + (num_draft_tokens if n > 1 else 1)].tolist()
+    return []
+
+
+def test_lookup_search_matches_its_definition():
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        history = rng.integers(0, rng.integers(2, 8), rng.integers(1, 40))
+        low = int(rng.integers(1, 4))
+        high, gamma = int(rng.integers(low, 6)), int(rng.integers(1, 6))
+        tokens, _ = find_continuation(history, gamma, low, high)
+        assert tokens.tolist() == _reference_continuation(history, gamma, low, high)
