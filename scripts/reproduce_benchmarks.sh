@@ -21,7 +21,9 @@ for p in int8 int4; do
 done
 .venv-peers/bin/specdeploy bench engine.plan --compare --also engine-int8.plan --also engine-int4.plan \
     --model "$model" --repeats 3 --prompts-per-category 1 -o docs/bench/peers
-specdeploy bench engine-int4.plan --greedy-only --prompts-per-category 2 --repeats 2 --no-plots -o docs/bench/int4-greedy
+specdeploy bench engine-int4.plan --greedy-only --prompts-per-category 4 --repeats 3 --no-plots -o docs/bench/int4-greedy
+python scripts/copy_length_ab.py engine-int4.plan --prompts-per-category 4 --repeats 3   # priced copies vs copy all
+python scripts/copy_length_ab.py engine.plan                                             # the same on fp32
 for p in fp16 fp8; do
     rm -rf "cal-$p.plan"
     specdeploy quantize cal.plan --precision "$p" -o "cal-$p.plan" | grep "top-1 agreement"

@@ -18,7 +18,16 @@ $pip install --quiet --upgrade pip || exit 3
 $pip install --quiet "torch==2.13.0" || exit 3
 if ! ls "$wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then
     echo "building llama-cpp-python from source (cached in $wheels; ~15 min on 2 cores)" >&2
-    CMAKE_ARGS="-DGGML_NATIVE=ON" $pip wheel --quiet --no-deps "llama-cpp-python==0.3.36" -w "$wheels" || exit 3
+    # this CPU's instruction sets, but never AMX: on VMs whose kernel does not grant AMX tile state
+    # (cpuinfo still lists amx_*), ggml's AMX matmul faults on its first ldtilecfg and takes the
+    # whole benchmark process down; one-row decoding does not use AMX tiles anyway
+    flags=$(grep -m1 '^flags' /proc/cpuinfo)
+    has() { case " ${flags#*:} " in *" $1 "*) echo ON ;; *) echo OFF ;; esac; }
+    isa="-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+    isa="$isa -DGGML_AVX=$(has avx) -DGGML_AVX2=$(has avx2) -DGGML_FMA=$(has fma) -DGGML_F16C=$(has f16c)"
+    isa="$isa -DGGML_BMI2=$(has bmi2) -DGGML_AVX_VNNI=$(has avx_vnni) -DGGML_AVX512=$(has avx512f)"
+    isa="$isa -DGGML_AVX512_VBMI=$(has avx512vbmi) -DGGML_AVX512_VNNI=$(has avx512_vnni) -DGGML_AVX512_BF16=$(has avx512_bf16)"
+    CMAKE_ARGS="$isa" $pip wheel --quiet --no-deps "llama-cpp-python==0.3.36" -w "$wheels" || exit 3
 fi
 $pip install --quiet --find-links "$wheels" "llama-cpp-python==0.3.36" || exit 3
 $pip install --quiet -e ".[peers]" || exit 3

@@ -17,3 +17,16 @@ def test_imports_of_specdeploy_resolve(path):
             for alias in node.names:
                 assert hasattr(module, alias.name) or importlib.util.find_spec(f"{node.module}.{alias.name}"), \
                     f"{path.name}: {node.module} has no {alias.name}"
+
+
+def test_copy_length_ab_runs_and_checks_identity(tiny_bundle):
+    """The A/B prints a line per category and overall (and exits non-zero if greedy output differs)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "copy_length_ab.py"), str(tiny_bundle),
+                          "--prompts-per-category", "1", "--repeats", "1", "--max-tokens", "8"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 8 and lines[-1].startswith("overall") and "priced" in lines[0]
