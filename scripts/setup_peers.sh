@@ -27,7 +27,7 @@ if ! ls "$wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then
     isa="$isa -DGGML_AVX=$(has avx) -DGGML_AVX2=$(has avx2) -DGGML_FMA=$(has fma) -DGGML_F16C=$(has f16c)"
     isa="$isa -DGGML_BMI2=$(has bmi2) -DGGML_AVX_VNNI=$(has avx_vnni) -DGGML_AVX512=$(has avx512f)"
     isa="$isa -DGGML_AVX512_VBMI=$(has avx512vbmi) -DGGML_AVX512_VNNI=$(has avx512_vnni) -DGGML_AVX512_BF16=$(has avx512_bf16)"
-    CMAKE_ARGS="$isa" $pip wheel --quiet --no-deps "llama-cpp-python==0.3.36" -w "$wheels" || exit 3
+    CMAKE_ARGS="$isa" $pip wheel --quiet --no-cache-dir --no-deps "llama-cpp-python==0.3.36" -w "$wheels" || exit 3
 fi
 $pip install --quiet --find-links "$wheels" "llama-cpp-python==0.3.36" || exit 3
 $pip install --quiet -e ".[peers]" || exit 3
