@@ -18,13 +18,13 @@ whose rows are not independent.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
-from pathlib import Path
 
 from ..constants import QUANT_METHODS as METHODS
 from ..errors import ConfigError
-from .rewrites import fold_weight_transposes
+from .rewrites import MS_DOMAIN, fold_weight_transposes, set_nodes, use_ms_domain
 
 ACCURACY_LEVEL = 4  # int8 activations, integer accumulation
 TIED_TOLERANCE = 0.3  # relative error below which the head's blocks are taken as the embedding's
@@ -88,7 +88,7 @@ def _blocks(w, form: ComputeForm, method: str, index):
 
 def _own_blocks(model, form: ComputeForm, method: str, index=None) -> int:
     """Every MatMul with an initializer weight [K, N] as MatMulNBits; returns how many were carried."""
-    from onnx import helper, numpy_helper
+    from onnx import numpy_helper
 
     from . import nbits
 
@@ -102,13 +102,8 @@ def _own_blocks(model, form: ComputeForm, method: str, index=None) -> int:
         blocks, exact = _blocks(numpy_helper.to_array(weight), form, method, index)
         nodes.append(nbits.matmul_node(model, node, weight.name, blocks, ACCURACY_LEVEL))
         carried += exact
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
-    used = {i for n in model.graph.node for i in n.input}
-    for t in [t for t in model.graph.initializer if t.name not in used]:
-        model.graph.initializer.remove(t)
-    if not any(o.domain == "com.microsoft" for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    set_nodes(model, nodes)
+    use_ms_domain(model)
     return carried
 
 
@@ -141,14 +136,10 @@ def quantize_embedding(draft: Path, head: Path, precision: str, index=None) -> b
                                     numpy_helper.from_array(scales.reshape(vocab, n_blocks), name + ".qscales")])
     replacement = helper.make_node(
         "GatherBlockQuantized", [name + ".q", gather.input[1], name + ".qscales"], list(gather.output),
-        name=gather.name + ".quantized", domain="com.microsoft", gather_axis=0, quantize_axis=1,
+        name=gather.name + ".quantized", domain=MS_DOMAIN, gather_axis=0, quantize_axis=1,
         block_size=form.block_size, bits=form.bits)
-    nodes = [replacement if n is gather else n for n in model.graph.node]
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
-    model.graph.initializer.remove(inits[name])
-    if not any(o.domain == "com.microsoft" for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    set_nodes(model, [replacement if n is gather else n for n in model.graph.node])
+    use_ms_domain(model)
     data = draft.with_name(draft.name + ".data")
     data.unlink(missing_ok=True)
     onnx.save(model, str(draft), save_as_external_data=True, location=data.name)

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .rewrites import MS_DOMAIN
+
 MSE_FACTORS = np.linspace(0.70, 1.0, 13, dtype=np.float32)  # shrunken ranges tried per block
 
 
@@ -97,6 +99,6 @@ def matmul_node(model, node, weight_name: str, blocks: Blocks, accuracy_level: i
     model.graph.initializer.extend([numpy_helper.from_array(b, b_name), numpy_helper.from_array(scales, s_name)])
     return helper.make_node(
         "MatMulNBits", [node.input[0], b_name, s_name], list(node.output), name=node.name + ".nbits",
-        domain="com.microsoft", K=nb * blocks.block, N=n, bits=blocks.bits, block_size=blocks.block,
+        domain=MS_DOMAIN, K=nb * blocks.block, N=n, bits=blocks.bits, block_size=blocks.block,
         accuracy_level=accuracy_level,
     )

@@ -8,6 +8,26 @@ from pathlib import Path
 import numpy as np
 
 KEEP_FLOAT = ("down_proj",)  # MatMuls whose weights' names contain these stay in float
+MS_DOMAIN = "com.microsoft"  # ONNX Runtime's contrib ops (MatMulNBits, GatherBlockQuantized)
+
+
+def set_nodes(model, nodes) -> None:
+    """The graph's nodes become `nodes`; initializers no node reads any more are dropped."""
+    nodes = list(nodes)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    used = {i for n in model.graph.node for i in n.input}
+    for t in [t for t in model.graph.initializer if t.name not in used]:
+        model.graph.initializer.remove(t)
+
+
+def use_ms_domain(model, used: bool = True) -> None:
+    """Declare (or, with used=False, drop) the com.microsoft opset the contrib ops need."""
+    from onnx import helper
+
+    kept = [o for o in model.opset_import if o.domain != MS_DOMAIN]
+    del model.opset_import[:]
+    model.opset_import.extend(kept + ([helper.make_opsetid(MS_DOMAIN, 1)] if used else []))
 
 
 def float_matmuls(model, keep=KEEP_FLOAT) -> list[str]:
@@ -35,12 +55,7 @@ def fold_weight_transposes(model) -> None:
             model.graph.initializer.append(numpy_helper.from_array(np.transpose(data, perm), node.output[0]))
         else:
             keep.append(node)
-    del model.graph.node[:]
-    model.graph.node.extend(keep)
-    used = {i for n in model.graph.node for i in n.input}
-    unused = [t for t in model.graph.initializer if t.name not in used]
-    for t in unused:
-        model.graph.initializer.remove(t)
+    set_nodes(model, keep)
 
 
 E4M3_MAX = 448.0
@@ -64,11 +79,7 @@ def drop_activation_qdq(model) -> None:
             nodes.append(helper.make_node("Identity", [q.input[0]], [node.output[0]], name=node.name + "_fp"))
         else:
             nodes.append(node)
-    del model.graph.node[:]
-    model.graph.node.extend(n for n in nodes if id(n) not in dropped)
-    used = {i for n in model.graph.node for i in n.input}
-    for t in [t for t in model.graph.initializer if t.name not in used]:
-        model.graph.initializer.remove(t)
+    set_nodes(model, (n for n in nodes if id(n) not in dropped))
 
 
 def int8_weights_to_fp8(model):
@@ -124,7 +135,5 @@ def to_fp16(src: Path, dst: Path) -> None:
         tensor.CopyFrom(half)
         casts.append(helper.make_node("Cast", [name + ".fp16"], [name], to=onnx.TensorProto.FLOAT,
                                       name=name + ".cast"))
-    nodes = casts + list(model.graph.node)
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
+    set_nodes(model, casts + list(model.graph.node))
     onnx.save(model, str(dst), save_as_external_data=True, location=dst.name + ".data")

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from . import nbits
+from .rewrites import set_nodes, use_ms_domain
 
 SUFFIX = ".trt.onnx"  # beside graph.onnx: what build-engines parses for an int4/int8 graph
 
@@ -85,14 +86,8 @@ def convert(model) -> int:
             nodes.append(node)
             continue
         count += 1
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
-    used = {i for n in model.graph.node for i in n.input}
-    for t in [t for t in model.graph.initializer if t.name not in used]:
-        model.graph.initializer.remove(t)
-    kept = [o for o in model.opset_import if o.domain != "com.microsoft"]
-    del model.opset_import[:]
-    model.opset_import.extend(kept)
+    set_nodes(model, nodes)
+    use_ms_domain(model, used=False)
     return count
 
 
