@@ -35,23 +35,20 @@ class RowCosts:
         self.seconds_sum[rows] = self.decay * self.seconds_sum[rows] + seconds
         self.weight[rows] = self.decay * self.weight[rows] + 1.0
 
-    def _mean(self, rows: int) -> float:
-        return self.seconds_sum[rows] / self.weight[rows]
-
-    def seconds(self, rows: int) -> float | None:
-        """Expected seconds of a round over `rows` rows; None until plain and longer rounds were seen."""
-        if self.weight[rows] >= self.MIN_WEIGHT:
-            return float(self._mean(rows))
-        if self.weight[1] == 0:
+    def seconds(self, max_rows: int) -> np.ndarray | None:
+        """Expected seconds of a round over 1..max_rows rows: [max_rows]; None until a plain round
+        and a longer one were seen. Row counts with few rounds of their own come from a line
+        through the plain rounds' mean and the longer rounds' slopes (weighted by their rounds)."""
+        if self.weight[1] == 0 or not self.weight[2:].any():
             return None
-        seen = [r for r in range(2, len(self.weight)) if self.weight[r] > 0]
-        if not seen:
-            return None
-        base = self._mean(1)
-        weights = np.array([self.weight[r] for r in seen])
-        slopes = np.array([(self._mean(r) - base) / (r - 1) for r in seen])
-        slope = max(float(weights @ slopes / weights.sum()), 0.0)
-        return float(base + slope * (rows - 1))
+        mean = self.seconds_sum / np.maximum(self.weight, 1e-12)        # [rows]
+        longer = np.flatnonzero(self.weight[2:]) + 2
+        slopes = (mean[longer] - mean[1]) / (longer - 1)
+        slope = max(float(self.weight[longer] @ slopes / self.weight[longer].sum()), 0.0)
+        rows = np.arange(1, max_rows + 1)
+        line = mean[1] + slope * (rows - 1)
+        own = self.weight[1 : max_rows + 1] >= self.MIN_WEIGHT
+        return np.where(own, mean[1 : max_rows + 1], line)
 
 
 class CopyAcceptance:
@@ -105,10 +102,10 @@ class CopyLength:
         self.choices += 1
         if self.costs.weight[1] == 0:
             return 0  # a plain round first: every copy is priced against it
-        prices = [self.costs.seconds(d + 1) for d in range(available + 1)]
-        if any(p is None for p in prices):
+        prices = self.costs.seconds(available + 1)                                   # [d + 1]
+        if prices is None:
             return available  # nothing to price longer rounds with yet: copy it all, and learn
-        rates = self.acceptance.expected_tokens(match, available) / np.array(prices)  # tokens/s by d
+        rates = self.acceptance.expected_tokens(match, available) / prices          # tokens/s by d
         best = int(rates.argmax())
         best = best if best and rates[best] > rates[0] * (1 + self.MARGIN) else 0
         if self.choices % self.EXPLORE_EVERY == 0:

@@ -138,6 +138,7 @@ class Decoder:
         committed = draft.tokens[:accepted]
         self.history[valid + 1 : valid + 1 + accepted] = committed
         stats.record_round(draft.source, len(draft.tokens), accepted)
-        drafter.observe(draft, accepted, time.perf_counter() - began)
+        if params.greedy:  # what drafters time prices greedy choices only: sampled rounds also warp
+            drafter.observe(draft, accepted, time.perf_counter() - began)
         emitted = Emitted((*committed, token), (True,) * accepted + (False,), draft.source)
         return emitted, valid + accepted + 1, token

@@ -24,7 +24,7 @@ class Draft:
     probs: np.ndarray | None  # [m, V] warped draft distributions, None when one-hot
     hidden: np.ndarray        # [m+1, H] h_k rows of the pending token and each draft
     source: str
-    match: int = 0            # a greedy lookup's match length n (0: any other round)
+    match: int = 0            # a greedy lookup round: how far back its match agrees (0: any other)
 
 
 class EarlyExitDrafter:
@@ -53,7 +53,7 @@ class EarlyExitDrafter:
         return self._full_id(sample(q, rng)), float(q.max())
 
     def observe(self, draft: Draft, accepted: int, seconds: float) -> None:
-        """Round outcomes, reported by the decoder (unused: early exit always drafts)."""
+        """Greedy round outcomes, reported by the decoder (unused: early exit always drafts)."""
 
     def _full_id(self, index: int) -> int:
         return index if self.vocab_ids is None else int(self.vocab_ids[index])
@@ -128,7 +128,7 @@ class LookupDrafter:
         self.model, self.length = model, CopyLength()
 
     def observe(self, draft: Draft, accepted: int, seconds: float) -> None:
-        """Plain and lookup rounds price rows; greedy lookup rounds also measure acceptance."""
+        """Greedy plain and lookup rounds price rows; lookup rounds also measure acceptance."""
         if draft.source in (PLAIN, "lookup"):
             self.length.observe(len(draft.tokens) + 1, draft.match, len(draft.tokens), accepted, seconds)
 
@@ -175,9 +175,9 @@ class HybridDrafter:
     round); greedy output is the same either way. A lookup match is not priced by a rate averaged
     over other contexts (measured: that dropped the copies that pay on summarisation) but by its
     match length and the cost of each copied row (`CopyLength`); when it declines, the round is
-    an early-exit or plain one as above. When sampling, the drafts
-    decide which random numbers are drawn, so a timed choice would make a seed give different text
-    from run to run: a round without a lookup match is a plain step.
+    an early-exit or plain one as above. When sampling, the drafts decide which random numbers are
+    drawn, so a timed choice would make a seed give different text from run to run: a round
+    without a lookup match is a plain step.
     """
 
     MIN_ROUNDS, EXPLORE_EVERY = 3, 32

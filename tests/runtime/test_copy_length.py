@@ -16,12 +16,16 @@ def _run(policy: CopyLength, rounds: int, step_s: float, row_s: float, accept, m
 
 def test_row_costs_price_unseen_rows_with_a_line_through_the_measured_ones():
     costs = RowCosts()
-    assert costs.seconds(1) is None
+    assert costs.seconds(3) is None
     for _ in range(5):
         costs.add(1, 0.010)
     assert costs.seconds(3) is None  # no longer round seen: no slope yet
     costs.add(5, 0.018)
-    assert np.isclose(costs.seconds(3), 0.014) and np.isclose(costs.seconds(1), 0.010)
+    assert np.allclose(costs.seconds(5), [0.010, 0.012, 0.014, 0.016, 0.018])
+    for _ in range(5):
+        costs.add(2, 0.015)  # seen often enough: its own mean, and it moves the line
+    prices = costs.seconds(3)
+    assert np.isclose(prices[1], 0.015) and 0.014 < prices[2] < 0.020
 
 
 def test_acceptance_counts_each_position_given_its_predecessors():

@@ -98,3 +98,17 @@ def test_sampled_speculative_matches_plain_distribution(tiny_engine):
     plain = histogram(tiny_engine, [10, 11, 12], 600, temperature=1.0, speculative=False)
     spec = histogram(tiny_engine, [10, 11, 12], 600, temperature=1.0, num_draft_tokens=2, draft_source="early_exit")
     assert homogeneity_chi2(plain, spec) < CHI2_999_10DOF
+
+
+def test_only_greedy_rounds_feed_the_drafters_timing(tiny_engine):
+    """Timed choices are made at greedy only; sampled rounds (which also warp) must not skew them."""
+    hybrid = tiny_engine.decoder.drafters["hybrid"]
+    timed = lambda: sum(r.rounds for r in hybrid.rates.values())  # noqa: E731
+    before = (timed(), hybrid.lookup.length.costs.weight.copy())
+    tiny_engine.generate_ids([4, 5, 6, 4, 5], GenerationConfig(max_new_tokens=12, temperature=0.9, seed=1,
+                                                               ignore_eos=True, draft_source="hybrid"))
+    assert timed() == before[0]
+    assert (hybrid.lookup.length.costs.weight == before[1]).all()
+    tiny_engine.generate_ids([9, 10, 11], GenerationConfig(max_new_tokens=12, temperature=0.0,
+                                                           ignore_eos=True, draft_source="hybrid"))
+    assert timed() > before[0]  # the control: greedy rounds are timed
