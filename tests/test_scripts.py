@@ -30,3 +30,15 @@ def test_copy_length_ab_runs_and_checks_identity(tiny_bundle):
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert len(lines) == 8 and lines[-1].startswith("overall") and "priced" in lines[0]
+
+
+def test_memory_breakdown_reports_every_loading_step(tiny_bundle):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "memory_breakdown.py"), str(tiny_bundle)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    steps = [line.split("VmRSS")[0].strip() for line in out.stdout.splitlines()]
+    assert steps[:3] == ["start", "imports", "tokenizer"] and steps.count("+ KV buffers") == 3
+    assert steps[-1].startswith("generated") and all("VmHWM" in line for line in out.stdout.splitlines())
