@@ -59,4 +59,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from specdeploy.errors import SpecDeployError
+
+    try:
+        main()
+    except SpecDeployError as exc:
+        raise SystemExit(f"error: {exc}") from None

@@ -60,4 +60,11 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except Exception as exc:
+        from specdeploy.errors import SpecDeployError  # imported late: "start" measures a bare interpreter
+
+        if not isinstance(exc, SpecDeployError):
+            raise
+        raise SystemExit(f"error: {exc}") from None
