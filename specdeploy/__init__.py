@@ -11,7 +11,8 @@ from __future__ import annotations
 from .config import GenerationConfig
 from .constants import VERSION as __version__
 from .errors import (BackendError, BundleError, ConfigError, ContextLengthError,
-                     MissingDependencyError, ModelSourceError, SpecDeployError, UnsupportedModelError, ValidationError)
+                     MissingDependencyError, ModelSourceError, RowDependenceError, SpecDeployError, UnsupportedModelError,
+                     ValidationError)
 from .runtime.engine import Engine, Piece, Result
 from .runtime.stats import GenerationStats
 
@@ -24,5 +25,5 @@ def load(bundle, backend: str = "onnxruntime", provider: str | None = None, thre
 __all__ = [
     "Engine", "GenerationConfig", "GenerationStats", "Piece", "Result", "load",
     "SpecDeployError", "ConfigError", "BundleError", "ContextLengthError", "UnsupportedModelError",
-    "ValidationError", "MissingDependencyError", "BackendError", "ModelSourceError", "__version__",
+    "ValidationError", "RowDependenceError", "MissingDependencyError", "BackendError", "ModelSourceError", "__version__",
 ]

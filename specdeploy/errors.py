@@ -28,6 +28,10 @@ class ValidationError(SpecDeployError):
     """Exported graphs disagree with the PyTorch reference beyond tolerance."""
 
 
+class RowDependenceError(ValidationError):
+    """Graphs whose rows depend on how many rows a call carries (speculative != plain output)."""
+
+
 class ContextLengthError(SpecDeployError, ValueError):
     """A prompt plus the requested tokens do not fit in the bundle's KV buffers."""
 

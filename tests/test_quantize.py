@@ -59,7 +59,13 @@ def test_graph_ops_match_precision(quantized):
         for node in nbits:
             attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
             assert attrs["bits"] == bits and attrs["accuracy_level"] == 4
-            assert attrs["block_size"] == (16 if bits == 4 else 32)
+            # int4: the largest block that is row-independent on this machine (checked below)
+            assert attrs["block_size"] == (m.extra["int4_block_size"] if bits == 4 else 32)
+        if kind == "int4":
+            assert m.extra["int4_block_size"] in (16, 32)
+        # fused: rotary as one op, residual adds inside the norms, q/k/v and gate/up one matmul each
+        assert {"RotaryEmbedding", "SkipSimplifiedLayerNormalization", "Split"} <= ops
+        assert len(nbits) == 4 * 2  # two layers of four matmuls: qkv, o, gate-up, down
         assert m.graph("draft").precision == ("int8" if kind == "mixed" else kind)
         assert m.row_check["passed"] and set(m.row_check["max_diff"].values()) == {0.0}
     if kind == "mixed":
@@ -142,3 +148,31 @@ def test_gguf_blocks_are_carried_over_losslessly(kind, precision, block):
     packed = nbits.unpack(*nbits.pack(blocks), blocks.bits, block)
     np.testing.assert_array_equal(packed.dequantize(), weight)
     assert index.blocks(weight + 1e-3, blocks.bits, block) is None
+
+
+def test_int4_falls_back_to_the_smaller_block_where_the_larger_is_row_dependent(tiny_bundle, tmp_path, monkeypatch):
+    """Where blocks of 32 are not row-independent (AVX2 without VNNI) the bundle is made in blocks
+    of 16; the check is the bundle's own row check, faked here to fail for 32."""
+    from specdeploy.quantization.compute import INT4_BLOCKS
+    from specdeploy.runtime import row_check
+
+    real = row_check.check_bundle
+    checked = []
+
+    def check(bundle, manifest, provider="cpu"):
+        checked.append(manifest.extra["int4_block_size"])
+        result = real(bundle, manifest, provider)
+        if checked[-1] == 32:
+            return row_check.RowCheck(False, {**result.max_diff, "verify": 2e-6}, result.machine)
+        return result
+
+    monkeypatch.setattr(row_check, "check_bundle", check)
+    lines = []
+    out = quantize(tiny_bundle, tmp_path / "int4", "int4", report=False, echo=lines.append)
+    assert INT4_BLOCKS == (32, 16) and checked == [32, 16]
+    assert any("blocks of 32 is not row-independent" in line for line in lines)
+    m = manifest_io.read(out)
+    assert m.extra["int4_block_size"] == 16 and m.row_check["passed"]
+    draft = onnx.load(str(out / m.graph("draft").file), load_external_data=False)
+    assert {onnx.helper.get_attribute_value(a) for n in draft.graph.node if n.op_type == "MatMulNBits"
+            for a in n.attribute if a.name == "block_size"} == {16}

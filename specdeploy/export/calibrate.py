@@ -32,14 +32,16 @@ def _costs(model, tokenizer, config, k: int, fitted: FittedExit, vocab_ids, max_
 
     timing = dataclasses.replace(config, exit_layer=k, num_draft_tokens=1, max_context=256, validate=False)
     with tempfile.TemporaryDirectory() as tmp:
-        manifest = write_bundle(model, tokenizer, timing, Path(tmp), DraftHead(fitted.adapter, vocab_ids))
+        bundle = Path(tmp) / "fp32"
+        bundle.mkdir()
+        manifest = write_bundle(model, tokenizer, timing, bundle, DraftHead(fitted.adapter, vocab_ids))
         if config.quantized:
-            from ..quantization.quantize import quantize_bundle
+            from ..quantization.quantize import quantize_into
 
-            quantize_bundle(Path(tmp), config.precision, config.draft_precision, config.verify_precision,
-                            echo=lambda line: None, method=config.method)
-            manifest = manifest_io.read(Path(tmp))
-        split = SplitModel(manifest, load_stages(tmp, manifest))
+            bundle = quantize_into(bundle, Path(tmp) / "quantized", config.precision, config.draft_precision,
+                                   config.verify_precision, echo=lambda line: None, method=config.method)
+            manifest = manifest_io.read(bundle)
+        split = SplitModel(manifest, load_stages(bundle, manifest))
         try:
             return measure(split, max_rows)
         finally:

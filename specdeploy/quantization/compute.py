@@ -24,6 +24,7 @@ import numpy as np
 
 from ..constants import QUANT_METHODS as METHODS
 from ..errors import ConfigError
+from . import fusion
 from .rewrites import MS_DOMAIN, fold_weight_transposes, set_nodes, use_ms_domain
 
 ACCURACY_LEVEL = 4  # int8 activations, integer accumulation
@@ -35,8 +36,24 @@ class ComputeForm:
     bits: int
     block_size: int
 
+    def __post_init__(self):
+        if self.bits not in (4, 8) or self.block_size < 16 or self.block_size & (self.block_size - 1):
+            raise ConfigError(f"MatMulNBits needs 4 or 8 bits and a power-of-two block of 16 or more, "
+                              f"not {self.bits} bits in blocks of {self.block_size}")
+
 
 FORMS = {"int4": ComputeForm(bits=4, block_size=16), "int8": ComputeForm(bits=8, block_size=32)}
+# int4 blocks to try, fewest bytes first: 32 (5 bits a weight with its float scale, and ONNX
+# Runtime's faster kernel) is row-independent on CPUs with AVX-512 VNNI but not on AVX2 alone,
+# where only 16 is; the bundle's row check decides (quantize.quantized_copy)
+INT4_BLOCKS = (32, 16)
+
+
+def compute_form(precision: str, int4_block: int | None = None) -> ComputeForm:
+    """The compute form of `precision`, with int4 in blocks of `int4_block` when given."""
+    if precision == "int4" and int4_block:
+        return ComputeForm(bits=4, block_size=int4_block)
+    return FORMS[precision]
 
 
 def _algo_config(form: ComputeForm, method: str):
@@ -48,12 +65,14 @@ def _algo_config(form: ComputeForm, method: str):
     raise ConfigError(f"quantization method '{method}' is unknown; pick one of {', '.join(METHODS)}")
 
 
-def quantize_graph(src: Path, dst: Path, precision: str, method: str = "rtn", index=None) -> int:
+def quantize_graph(src: Path, dst: Path, precision: str, method: str = "rtn", index=None,
+                   int4_block: int | None = None) -> int:
     """Write `src` (fp32) to `dst` with every initializer-weight MatMul as MatMulNBits; returns how
     many weights came losslessly from `index` (a gguf_blocks.BlockIndex of the source file).
 
     MatMuls whose weight is computed in the graph (a draft head's gathered vocabulary subset) stay
-    float: the quantizer only sees initializers.
+    float: the quantizer only sees initializers. Rotary, residual-norm and sibling-matmul nodes are
+    fused on the way (fusion.py).
     """
     import logging
 
@@ -65,15 +84,18 @@ def quantize_graph(src: Path, dst: Path, precision: str, method: str = "rtn", in
         raise ConfigError(f"quantization method '{method}' is unknown; pick one of {', '.join(METHODS)}")
     model = onnx.load(str(src))
     fold_weight_transposes(model)
+    fusion.fuse_float(model)
+    chosen, carried = compute_form(precision, int4_block), 0
     if method != "ort":
-        carried = _own_blocks(model, FORMS[precision], "absmax" if method == "rtn" else method, index)
-        onnx.save(model, str(dst), save_as_external_data=True, location=dst.name + ".data")
-        return carried
-    quantizer = mnb.MatMulNBitsQuantizer(model, algo_config=_algo_config(FORMS[precision], method),
-                                         accuracy_level=ACCURACY_LEVEL)
-    quantizer.process()
-    quantizer.model.save_model_to_file(str(dst), use_external_data_format=True)
-    return 0
+        carried = _own_blocks(model, chosen, "absmax" if method == "rtn" else method, index)
+    else:
+        quantizer = mnb.MatMulNBitsQuantizer(model, algo_config=_algo_config(chosen, method),
+                                             accuracy_level=ACCURACY_LEVEL)
+        quantizer.process()
+        model = quantizer.model.model
+    fusion.fuse_sibling_matmuls(model)
+    onnx.save(model, str(dst), save_as_external_data=True, location=dst.name + ".data")
+    return carried
 
 
 def _blocks(w, form: ComputeForm, method: str, index):
@@ -107,7 +129,7 @@ def _own_blocks(model, form: ComputeForm, method: str, index=None) -> int:
     return carried
 
 
-def quantize_embedding(draft: Path, head: Path, precision: str, index=None) -> bool:
+def quantize_embedding(draft: Path, head: Path, precision: str, index=None, int4_block: int | None = None) -> bool:
     """The draft graph's embedding Gather as GatherBlockQuantized, in place; True if rewritten.
 
     A tied embedding reads the LM head's MatMulNBits bytes (the shared weights file stores them
@@ -118,7 +140,7 @@ def quantize_embedding(draft: Path, head: Path, precision: str, index=None) -> b
 
     from . import nbits
 
-    form = FORMS[precision]
+    chosen = compute_form(precision, int4_block)
     model = onnx.load(str(draft))
     inits = {t.name: t for t in model.graph.initializer}
     gather = next((n for n in model.graph.node if n.op_type == "Gather" and n.input[0] in inits
@@ -126,9 +148,9 @@ def quantize_embedding(draft: Path, head: Path, precision: str, index=None) -> b
     if gather is None:
         return False
     table = numpy_helper.to_array(inits[gather.input[0]])                       # [V, H] float32
-    if table.shape[1] % form.block_size:
+    if table.shape[1] % chosen.block_size:
         return False
-    blocks = _tied_head_blocks(head, table, form) or _blocks(table.T, form, "absmax", index)[0]
+    blocks = _tied_head_blocks(head, table, chosen) or _blocks(table.T, chosen, "absmax", index)[0]
     b, scales = nbits.pack(blocks)
     vocab, n_blocks = blocks.q.shape[:2]
     name = gather.input[0]
@@ -137,7 +159,7 @@ def quantize_embedding(draft: Path, head: Path, precision: str, index=None) -> b
     replacement = helper.make_node(
         "GatherBlockQuantized", [name + ".q", gather.input[1], name + ".qscales"], list(gather.output),
         name=gather.name + ".quantized", domain=MS_DOMAIN, gather_axis=0, quantize_axis=1,
-        block_size=form.block_size, bits=form.bits)
+        block_size=chosen.block_size, bits=chosen.bits)
     set_nodes(model, [replacement if n is gather else n for n in model.graph.node])
     use_ms_domain(model)
     data = draft.with_name(draft.name + ".data")

@@ -30,7 +30,8 @@ from ..bundle import io_names
 from ..bundle import manifest as manifest_io
 from ..constants import PRECISIONS
 from ..errors import ConfigError, require
-from .compute import FORMS as COMPUTE_FORMS, quantize_embedding, quantize_graph
+from ..errors import RowDependenceError
+from .compute import FORMS as COMPUTE_FORMS, INT4_BLOCKS, quantize_embedding, quantize_graph
 from .rewrites import drop_activation_qdq, float_matmuls, fold_weight_transposes, int8_weights_to_fp8, to_fp16
 
 log = logging.getLogger("specdeploy")
@@ -119,10 +120,11 @@ def graph_precisions(manifest, precision: str, draft: str | None, verify: str | 
     return {name: by_graph[name] for name in manifest.graphs}
 
 
-def _quantize_graph(src: Path, dst: Path, precision: str, method: str, feeds, indexes) -> int:
+def _quantize_graph(src: Path, dst: Path, precision: str, method: str, feeds, indexes,
+                    int4_block: int | None = None) -> int:
     """Quantize one graph; returns how many weights came losslessly from the source GGUF."""
     if precision in COMPUTE_FORMS:
-        return quantize_graph(src, dst, precision, method, indexes.get(precision))
+        return quantize_graph(src, dst, precision, method, indexes.get(precision), int4_block)
     if precision == "fp8":
         _quantize_fp8(src, dst, _Reader(feeds))
     elif precision == "fp16":
@@ -143,29 +145,32 @@ def _gguf_indexes(manifest, plan: dict, method: str) -> dict:
 
 
 def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str, feeds, indexes,
-                     echo) -> tuple[dict, dict]:
+                     echo, int4_block: int | None = None) -> tuple[dict, dict]:
     """Each graph quantized into `tmp` (the tied embedding too); (files by stem, carried counts)."""
     files, carried = {}, {}
     for name, graph in manifest.graphs.items():
         src, dst = bundle / graph.file, tmp / graph.file
-        carried[name] = _quantize_graph(src, dst, plan[name], method, feeds.get(name), indexes)
+        carried[name] = _quantize_graph(src, dst, plan[name], method, feeds.get(name), indexes, int4_block)
         files[Path(graph.file).stem] = dst if plan[name] != "fp32" else src
         lossless = f" ({carried[name]} weights carried losslessly from the GGUF's own blocks)" if carried[name] else ""
-        echo(f"{name}: {plan[name]}{lossless}")
+        blocks = f" in blocks of {int4_block}" if plan[name] == "int4" and int4_block else ""
+        echo(f"{name}: {plan[name]}{blocks}{lossless}")
     draft, head = plan[io_names.DRAFT], plan[io_names.HEAD]
     if draft in COMPUTE_FORMS and head == draft and quantize_embedding(
             tmp / manifest.graph(io_names.DRAFT).file, tmp / manifest.graph(io_names.HEAD).file, draft,
-            indexes.get(draft)):
+            indexes.get(draft), int4_block):
         echo(f"embedding: {draft} (GatherBlockQuantized)")
     return files, carried
 
 
 def quantize_bundle(bundle: Path, precision: str, draft_precision: str | None = None,
                     verify_precision: str | None = None, texts: list[str] | None = None,
-                    echo: Callable[[str], None] = print, method: str = "rtn", tensorrt: bool = False) -> Path:
+                    echo: Callable[[str], None] = print, method: str = "rtn", tensorrt: bool = False,
+                    int4_block: int | None = None) -> Path:
     """Rewrite the fp32 bundle at `bundle` in place at the requested precision(s).
 
     `tensorrt`: also write the DequantizeLinear form of each int4/int8 graph (tensorrt_form.py).
+    Raises RowDependenceError (the bundle left half-written) when the graphs fail the row check.
     """
     require("onnx", "export", "quantizing a bundle")
     from ..bundle import weights
@@ -181,7 +186,7 @@ def quantize_bundle(bundle: Path, precision: str, draft_precision: str | None = 
     indexes = _gguf_indexes(manifest, plan, method)
     with tempfile.TemporaryDirectory(dir=bundle.parent, prefix=".quantize-") as tmp:
         tmp = Path(tmp)
-        files, carried = _quantize_graphs(bundle, manifest, plan, tmp, method, feeds, indexes, echo)
+        files, carried = _quantize_graphs(bundle, manifest, plan, tmp, method, feeds, indexes, echo, int4_block)
         out = tmp / "bundle"
         out.mkdir()
         weights.share(files, out, manifest.weights)
@@ -193,6 +198,8 @@ def quantize_bundle(bundle: Path, precision: str, draft_precision: str | None = 
     if tensorrt:
         graphs = _tensorrt_forms(bundle, graphs, echo)
     extra = {**manifest.extra, "gguf_carried_weights": carried} if any(carried.values()) else manifest.extra
+    if "int4" in plan.values():
+        extra = {**extra, "int4_block_size": int4_block or COMPUTE_FORMS["int4"].block_size}
     manifest = manifest.replace(graphs=graphs, precision=label, row_check=None, extra=extra)
     manifest = manifest.replace(row_check=row_check.require(bundle, manifest, echo))
     manifest_io.write(bundle, manifest)
@@ -222,6 +229,27 @@ def _calibration_texts(prompts_file: Path | None) -> list[str]:
     return texts
 
 
+def quantize_into(source: Path, target: Path, precision: str, draft_precision: str | None = None,
+                  verify_precision: str | None = None, texts: list[str] | None = None,
+                  echo: Callable[[str], None] = print, method: str = "rtn", tensorrt: bool = False) -> Path:
+    """Copy the fp32 bundle `source` to the new directory `target` and quantize it there, int4 in
+    the largest block (compute.INT4_BLOCKS) whose graphs pass the row check on this machine."""
+    plan = graph_precisions(manifest_io.read(source), precision, draft_precision, verify_precision)
+    blocks = INT4_BLOCKS if "int4" in plan.values() else (None,)
+    for i, block in enumerate(blocks):
+        shutil.copytree(source, target)
+        try:
+            return quantize_bundle(target, precision, draft_precision, verify_precision, texts, echo, method,
+                                   tensorrt, block)
+        except RowDependenceError:
+            if i + 1 == len(blocks):
+                raise
+            shutil.rmtree(target)
+            echo(f"int4 in blocks of {block} is not row-independent on this machine; "
+                 f"trying blocks of {blocks[i + 1]}")
+    raise AssertionError("unreachable: the last block re-raises")
+
+
 def quantized_copy(source: Path, target: Path, precision: str, draft_precision: str | None = None,
                    verify_precision: str | None = None, prompts_file: Path | None = None,
                    echo: Callable[[str], None] = print, report: bool = True, method: str = "rtn",
@@ -231,10 +259,8 @@ def quantized_copy(source: Path, target: Path, precision: str, draft_precision: 
     The quality report (top-1 agreement with fp32 and perplexity on held-out text, acceptance,
     CPU tokens/s of plain and speculative decoding) is printed and stored in the manifest.
     """
-    manifest_io.read(source)
     texts = _calibration_texts(prompts_file)
-    shutil.copytree(source, target)
-    quantize_bundle(target, precision, draft_precision, verify_precision, texts, echo, method, tensorrt)
+    quantize_into(source, target, precision, draft_precision, verify_precision, texts, echo, method, tensorrt)
     if report:
         from . import quality
 

@@ -9,6 +9,8 @@ with. TensorRT requires strictly positive scales: blocks with a negative scale (
 largest magnitude is positive) are stored with both signs flipped, in INT8 where 4 bits would
 need +8 (so an int4 graph's TensorRT weights may be INT8: exact values, twice the bytes), and
 refused where 8 bits would need +128 (ONNX Runtime's own 8-bit quantizer), so values stay exact.
+The fused rotary and residual-norm nodes of the ONNX Runtime graph go back to standard ops first
+(fusion.unfuse); fused sibling matmuls stay one MatMul and a Split.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import nbits
+from . import fusion, nbits
 from .rewrites import set_nodes, use_ms_domain
 
 SUFFIX = ".trt.onnx"  # beside graph.onnx: what build-engines parses for an int4/int8 graph
@@ -65,6 +67,7 @@ def convert(model) -> int:
     """Rewrite `model` in place; returns how many quantized nodes were converted."""
     from onnx import helper, numpy_helper
 
+    fusion.unfuse(model)
     inits = {t.name: t for t in model.graph.initializer}
     array = lambda name: numpy_helper.to_array(inits[name])                      # noqa: E731
     nodes, count = [], 0

@@ -120,11 +120,11 @@ def check_bundle(bundle, manifest, provider: str = "cpu") -> RowCheck:
 def require(bundle, manifest, echo=print) -> dict:
     """Check a bundle being made and refuse it if it fails: its speculative output would differ
     from plain output, which is never shipped. Returns the result for the manifest."""
-    from ..errors import ValidationError
+    from ..errors import RowDependenceError
 
     result = check_bundle(bundle, manifest)
     if not result.passed:
-        raise ValidationError(
+        raise RowDependenceError(
             f"the {manifest.precision} graphs are not row-independent on this machine "
             f"({describe(result)}): speculative output would differ from plain output; "
             f"pick another --precision, or report the model and machine"

@@ -156,3 +156,34 @@ def test_a_multimodal_gemma3_checkpoint_exports_its_text_decoder(tmp_path):
         assert np.abs(teacher_forced_logits(engine, ids) - theirs).max() < 1e-4
         spec = engine.generate_ids(ids, GenerationConfig(max_new_tokens=16, num_draft_tokens=4, ignore_eos=True))
     assert spec == _hf_greedy(multimodal, ids, 16)
+
+
+def _fused_copy(bundle, target):
+    """The bundle with its fp32 graphs through the weight-free fusions, and how many were made."""
+    import shutil
+
+    import onnx
+
+    from specdeploy.quantization import fusion
+
+    shutil.copytree(bundle, target)
+    counts = {}
+    for name, graph in manifest_io.read(target).graphs.items():
+        model = onnx.load(str(target / graph.file))
+        counts[name] = fusion.fuse_float(model)
+        onnx.save(model, str(target / graph.file), save_as_external_data=True, location=graph.file + ".data")
+    return target, counts
+
+
+ROTARY_LAYERS = {"smollm3": 2}  # NoPE every second layer: only two of four rotate
+
+
+def test_fused_rotary_and_norms_compute_what_the_split_graphs_do(family, tmp_path):
+    arch, bundle, _ = family
+    fused, counts = _fused_copy(bundle, tmp_path / "fused")
+    rotary = sum(c["rotary"] for c in counts.values())
+    assert rotary == 2 * ROTARY_LAYERS.get(arch, TINY["num_hidden_layers"]), (arch, counts)  # q and k
+    with Engine(bundle) as engine, Engine(fused) as fused_engine:
+        for ids in PROMPTS:
+            expected = teacher_forced_logits(engine, ids)
+            assert np.abs(teacher_forced_logits(fused_engine, ids) - expected).max() < 1e-4, arch

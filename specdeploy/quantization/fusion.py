@@ -1,0 +1,307 @@
+"""Fewer, larger kernels for the int4 / int8 graphs ONNX Runtime runs.
+
+A one-token step of the example model was ~1400 kernel launches, half of its time outside the
+quantized matmuls. Three rewrites, each keeping every row's arithmetic independent of how many rows
+a call carries (the bundle's row check still decides):
+
+* rotary embedding: HF's `x * cos + rotate_half(x) * sin` (two Slices, Neg, Concat, two Muls,
+  Add) as one ONNX `RotaryEmbedding` (opset 23), only where the cos / sin tables are provably
+  `concat(f, f)` of one frequency tensor (so their first half is the op's cache);
+* residual + norm: `Add` feeding `RMSNormalization` as ONNX Runtime's
+  `SkipSimplifiedLayerNormalization`, which also returns the sum the residual stream reads;
+* sibling matmuls: `MatMulNBits` nodes reading the same activation (q/k/v, gate/up) as one node
+  over the weights concatenated along N and a `Split`: the activation is quantized once.
+
+`tensorrt_form` undoes the first two for TensorRT, which runs neither contrib op.
+"""
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+
+from .rewrites import MS_DOMAIN, set_nodes, use_ms_domain
+
+PASS_THROUGH = {"Cast", "Cos", "Sin", "Identity"}  # elementwise: equal halves stay equal
+
+
+class _Graph:
+    """Producers, consumers, constants and static shapes of one ONNX graph, by tensor name."""
+
+    def __init__(self, model):
+        from onnx import numpy_helper
+
+        self.model = model
+        self.producer = {o: n for n in model.graph.node for o in n.output}
+        self.consumers = collections.defaultdict(list)
+        for node in model.graph.node:
+            for name in node.input:
+                self.consumers[name].append(node)
+        self.inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
+                      if np.prod(t.dims) <= 64}
+        self.shapes = {v.name: [d.dim_value or None for d in v.type.tensor_type.shape.dim]
+                       for v in [*model.graph.input, *model.graph.value_info, *model.graph.output]}
+        self._values = {}
+
+    def op(self, name: str, op_type: str):
+        node = self.producer.get(name)
+        return node if node is not None and node.op_type == op_type else None
+
+    def value(self, name: str):
+        """The tensor's value if it is computed from constants alone (small tensors), else None."""
+        if name in self.inits:
+            return self.inits[name]
+        if name not in self._values:
+            self._values[name] = self._evaluate(name)
+        return self._values[name]
+
+    def _evaluate(self, name: str):
+        from onnx.reference import ReferenceEvaluator
+
+        node = self.producer.get(name)
+        if node is None:
+            return None
+        inputs = [self.value(i) if i else None for i in node.input]
+        if any(v is None for v, i in zip(inputs, node.input) if i) or node.domain:
+            return None
+        feeds = {i: v for i, v in zip(node.input, inputs) if i}
+        return ReferenceEvaluator(node).run(None, feeds)[list(node.output).index(name)]
+
+
+def _attrs(node) -> dict:
+    from onnx import helper
+
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def fuse_float(model) -> dict[str, int]:
+    """The rewrites that do not touch weights (rotary, residual + norm), in place; how many of each."""
+    counts = {"rotary": fuse_rotary(model), "skip_norm": fuse_skip_norms(model)}
+    use_ms_domain(model, any(n.domain == MS_DOMAIN for n in model.graph.node))
+    return counts
+
+
+def _drop_dead(model, nodes) -> None:
+    """Set the graph's nodes to `nodes` less those whose outputs nothing reads."""
+    outputs = {o.name for o in model.graph.output}
+    nodes = list(nodes)
+    while True:
+        read = {i for n in nodes for i in n.input} | outputs
+        live = [n for n in nodes if any(o in read for o in n.output if o)]
+        if len(live) == len(nodes):
+            break
+        nodes = live
+    set_nodes(model, nodes)
+
+
+# ---- rotary embedding ------------------------------------------------------------------------
+
+def _slice_range(g: _Graph, node, rank: int):
+    """(start, end) of a one-axis, step-1 Slice over the last axis, else None."""
+    values = [g.value(i) if i else None for i in node.input[1:5]]
+    starts, ends = values[0], values[1]
+    axes = values[2] if len(values) > 2 and values[2] is not None else np.array([rank - 1])
+    steps = values[3] if len(values) > 3 and values[3] is not None else np.array([1])
+    if starts is None or ends is None or np.size(starts) != 1 or np.size(axes) != 1 or int(np.ravel(steps)[0]) != 1:
+        return None
+    if int(np.ravel(axes)[0]) % rank != rank - 1:
+        return None
+    return int(np.ravel(starts)[0]), int(np.ravel(ends)[0])
+
+
+def _duplicated_table(g: _Graph, name: str):
+    """`name` if its values are `concat(f, f)` on the last axis through elementwise ops, else None."""
+    current = name
+    while True:
+        node = g.producer.get(current)
+        if node is None:
+            return None
+        if node.op_type in PASS_THROUGH:
+            current = node.input[0]
+        elif node.op_type == "Mul" and any(np.size(g.value(i)) == 1 for i in node.input if g.value(i) is not None):
+            current = next(i for i in node.input if g.value(i) is None)
+        elif node.op_type == "Concat" and len(node.input) == 2 and node.input[0] == node.input[1]:
+            return name if _attrs(node)["axis"] in (-1, len(g.shapes.get(current, [0, 0, 0])) - 1) else None
+        else:
+            return None
+
+
+def _table(g: _Graph, name: str):
+    """The [B, S, D] table behind a [B, 1, S, D] broadcast cos / sin, if it is duplicated halves."""
+    node = g.op(name, "Unsqueeze")
+    if node is None or len(node.input) < 2 or list(np.ravel(g.value(node.input[1]) if g.value(node.input[1]) is not None else [])) != [1]:
+        return None
+    return _duplicated_table(g, node.input[0])
+
+
+def _rotation(g: _Graph, rot: str, x: str, dim: int) -> bool:
+    """`rot` is rotate_half(x): concat(-x[..., d/2:], x[..., :d/2]) on the last axis."""
+    concat = g.op(rot, "Concat")
+    if concat is None or len(concat.input) != 2 or _attrs(concat)["axis"] not in (-1, 3):
+        return False
+    neg, first = g.op(concat.input[0], "Neg"), g.op(concat.input[1], "Slice")
+    second = g.op(neg.input[0], "Slice") if neg is not None else None
+    if first is None or second is None or first.input[0] != x or second.input[0] != x:
+        return False
+    half = dim // 2
+    low, high = _slice_range(g, first, 4), _slice_range(g, second, 4)
+    return low == (0, half) and high is not None and high[0] == half and high[1] >= dim
+
+
+def _rotary_match(g: _Graph, add):
+    """(x, cos table, sin table) if `add` is x * cos + rotate_half(x) * sin over [B, N, S, D]."""
+    muls = [g.op(i, "Mul") for i in add.input]
+    if len(muls) != 2 or None in muls:
+        return None
+    for plain, rotated in (muls, muls[::-1]):
+        for x, cos in (plain.input, plain.input[::-1]):
+            shape = g.shapes.get(x)
+            if not shape or len(shape) != 4 or not shape[-1] or shape[-1] % 2:
+                continue
+            for rot, sin in (rotated.input, rotated.input[::-1]):
+                if _rotation(g, rot, x, shape[-1]):
+                    tables = _table(g, cos), _table(g, sin)
+                    return (x, *tables) if None not in tables else None
+    return None
+
+
+def fuse_rotary(model) -> int:
+    """Every HF rotate-half rotary embedding as ONNX RotaryEmbedding (opset 23) over half tables."""
+    from onnx import helper, numpy_helper
+
+    g = _Graph(model)
+    halves, nodes, count = {}, [], 0
+    for node in model.graph.node:
+        match = _rotary_match(g, node) if node.op_type == "Add" else None
+        if match is None:
+            nodes.append(node)
+            continue
+        x, cos, sin = match
+        half = g.shapes[x][-1] // 2
+        for table in (cos, sin):
+            if table not in halves:
+                halves[table] = f"{table}.half"
+                bounds = [f"{table}.half.{k}" for k in ("starts", "ends", "axes")]
+                for bound, v in zip(bounds, (0, half, -1)):
+                    model.graph.initializer.append(numpy_helper.from_array(np.array([v], np.int64), bound))
+                nodes.append(helper.make_node("Slice", [table, *bounds], [halves[table]], name=f"{table}.half"))
+        nodes.append(helper.make_node("RotaryEmbedding", [x, halves[cos], halves[sin]], list(node.output),
+                                      name=node.name + ".rotary"))
+        count += 1
+    _drop_dead(model, nodes)
+    return count
+
+
+# ---- residual add + RMS norm -----------------------------------------------------------------
+
+def fuse_skip_norms(model) -> int:
+    """Add(a, b) -> RMSNormalization over the last axis as one SkipSimplifiedLayerNormalization."""
+    from onnx import helper
+
+    g = _Graph(model)
+    fused, count = {}, 0
+    for norm in model.graph.node:
+        add = g.op(norm.input[0], "Add") if norm.op_type == "RMSNormalization" else None
+        attrs = _attrs(norm)
+        if add is None or add.output[0] in fused or attrs.get("axis", -1) != -1 or len(norm.input) != 2:
+            continue
+        shapes = [g.shapes.get(i) for i in add.input]
+        if None in shapes or shapes[0] != shapes[1] or any(g.value(i) is not None for i in add.input):
+            continue
+        fused[add.output[0]] = helper.make_node(
+            "SkipSimplifiedLayerNormalization", [*add.input, norm.input[1]], [norm.output[0], "", "", add.output[0]],
+            name=norm.name + ".skip", domain=MS_DOMAIN, epsilon=attrs.get("epsilon", 1e-5))
+        fused[id(norm)] = None
+        count += 1
+    nodes = [fused.get(n.output[0], n) if n.op_type == "Add" else n for n in model.graph.node
+             if id(n) not in fused]
+    set_nodes(model, nodes)
+    return count
+
+
+# ---- sibling quantized matmuls -----------------------------------------------------------------
+
+def _sibling_key(node):
+    a = _attrs(node)
+    return node.input[0], a["K"], a["bits"], a["block_size"], a.get("accuracy_level", 0)
+
+
+def fuse_sibling_matmuls(model) -> int:
+    """MatMulNBits nodes reading one activation (no zero points / bias) as one node and a Split."""
+    from onnx import helper, numpy_helper
+
+    inits = {t.name: t for t in model.graph.initializer}
+    groups = collections.defaultdict(list)
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits" and len(node.input) == 3 and all(i in inits for i in node.input[1:]):
+            groups[_sibling_key(node)].append(node)
+    replaced = {}
+    for key, siblings in groups.items():
+        if len(siblings) < 2:
+            continue
+        name = siblings[0].name + ".fused"
+        widths = [_attrs(n)["N"] for n in siblings]
+        b = np.concatenate([numpy_helper.to_array(inits[n.input[1]]) for n in siblings])      # [N, nb, blob]
+        s = np.concatenate([numpy_helper.to_array(inits[n.input[2]]).reshape(-1) for n in siblings])
+        model.graph.initializer.extend([numpy_helper.from_array(b, name + ".q"),
+                                        numpy_helper.from_array(s, name + ".scales"),
+                                        numpy_helper.from_array(np.array(widths, np.int64), name + ".split")])
+        matmul = helper.make_node("MatMulNBits", [key[0], name + ".q", name + ".scales"], [name + ".out"],
+                                  name=name, domain=MS_DOMAIN, K=key[1], N=sum(widths), bits=key[2],
+                                  block_size=key[3], accuracy_level=key[4])
+        split = helper.make_node("Split", [name + ".out", name + ".split"], [n.output[0] for n in siblings],
+                                 name=name + ".split", axis=-1)
+        replaced[id(siblings[0])] = [matmul, split]
+        replaced.update({id(n): [] for n in siblings[1:]})
+    set_nodes(model, [m for n in model.graph.node for m in replaced.get(id(n), [n])])
+    return sum(len(v) > 1 for v in groups.values())
+
+
+# ---- back to standard ops (TensorRT runs neither contrib op) -----------------------------------
+
+def _unfused_norm(node) -> list:
+    from onnx import helper
+
+    total = node.output[3] if len(node.output) > 3 and node.output[3] else node.name + ".sum"
+    return [helper.make_node("Add", list(node.input[:2]), [total], name=node.name + ".add"),
+            helper.make_node("RMSNormalization", [total, node.input[2]], [node.output[0]], name=node.name + ".norm",
+                             axis=-1, epsilon=_attrs(node).get("epsilon", 1e-5), stash_type=1)]
+
+
+def _unfused_rotary(model, node, tables: dict) -> list:
+    """x * cos + rotate_half(x) * sin with the [B, 1, S, D] tables rebuilt from the half ones."""
+    from onnx import helper, numpy_helper
+
+    nodes = []
+    x, name = node.input[0], node.name
+    for half in node.input[1:3]:
+        if half not in tables:
+            tables[half] = half + ".full"
+            axis = half + ".axis"
+            model.graph.initializer.append(numpy_helper.from_array(np.array([1], np.int64), axis))
+            nodes += [helper.make_node("Concat", [half, half], [half + ".both"], axis=-1, name=half + ".both"),
+                      helper.make_node("Unsqueeze", [half + ".both", axis], [tables[half]], name=half + ".full")]
+    cos, sin = tables[node.input[1]], tables[node.input[2]]
+    return nodes + [
+        helper.make_node("Split", [x], [name + ".x1", name + ".x2"], axis=-1, num_outputs=2, name=name + ".split"),
+        helper.make_node("Neg", [name + ".x2"], [name + ".neg"], name=name + ".neg"),
+        helper.make_node("Concat", [name + ".neg", name + ".x1"], [name + ".rot"], axis=-1, name=name + ".rot"),
+        helper.make_node("Mul", [x, cos], [name + ".xcos"], name=name + ".xcos"),
+        helper.make_node("Mul", [name + ".rot", sin], [name + ".rsin"], name=name + ".rsin"),
+        helper.make_node("Add", [name + ".xcos", name + ".rsin"], list(node.output), name=name + ".sum")]
+
+
+def unfuse(model) -> int:
+    """Rotary and residual-norm nodes of `fuse_float` back as standard ONNX ops; how many."""
+    nodes, tables, count = [], {}, 0
+    for node in model.graph.node:
+        if node.op_type == "SkipSimplifiedLayerNormalization":
+            nodes += _unfused_norm(node)
+        elif node.op_type == "RotaryEmbedding" and node.domain in ("", "ai.onnx") and len(node.input) == 3:
+            nodes += _unfused_rotary(model, node, tables)
+        else:
+            nodes.append(node)
+            continue
+        count += 1
+    set_nodes(model, nodes)
+    return count

@@ -1,0 +1,108 @@
+"""The int4 / int8 graph fusions: each computes what it replaces, and only where it provably does."""
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from specdeploy.quantization import fusion, nbits
+
+RNG = np.random.default_rng(0)
+HEADS, ROWS, DIM = 2, 3, 8
+
+
+def _int64(model, name, values):
+    model.graph.initializer.append(numpy_helper.from_array(np.array(values, np.int64), name))
+    return name
+
+
+def _rotary_graph(duplicated: bool = True):
+    """x * cos + rotate_half(x) * sin as the exporter writes it; cos / sin from concat(f, f) or not."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, HEADS, ROWS, DIM])
+    f = helper.make_tensor_value_info("f", TensorProto.FLOAT, [1, ROWS, DIM // 2 if duplicated else DIM])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, HEADS, ROWS, DIM])
+    graph = helper.make_graph([], "rotary", [x, f], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 24)])
+    table = ["emb"] if duplicated else ["f"]
+    nodes = [helper.make_node("Concat", ["f", "f"], ["emb"], axis=-1)] if duplicated else []
+    one, half, big, last = (_int64(model, n, v) for n, v in
+                            (("one", [1]), ("half", [DIM // 2]), ("big", [2 ** 62]), ("last", [-1])))
+    zero = _int64(model, "zero", [0])
+    nodes += [
+        helper.make_node("Cos", table, ["cos"]), helper.make_node("Sin", table, ["sin"]),
+        helper.make_node("Unsqueeze", ["cos", one], ["cos4"]), helper.make_node("Unsqueeze", ["sin", one], ["sin4"]),
+        helper.make_node("Slice", ["x", zero, half, last], ["x1"]),
+        helper.make_node("Slice", ["x", half, big, last], ["x2"]),
+        helper.make_node("Neg", ["x2"], ["neg"]), helper.make_node("Concat", ["neg", "x1"], ["rot"], axis=-1),
+        helper.make_node("Mul", ["x", "cos4"], ["a"]), helper.make_node("Mul", ["rot", "sin4"], ["b"]),
+        helper.make_node("Add", ["a", "b"], ["y"]),
+    ]
+    model.graph.node.extend(nodes)
+    return model
+
+
+def _run(model, feeds):
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def _rotary_feeds(duplicated=True):
+    width = DIM // 2 if duplicated else DIM
+    return {"x": RNG.standard_normal((1, HEADS, ROWS, DIM), dtype=np.float32),
+            "f": RNG.standard_normal((1, ROWS, width), dtype=np.float32)}
+
+
+def test_rotary_becomes_one_op_computing_the_same_and_unfuses_back():
+    model, feeds = _rotary_graph(), _rotary_feeds()
+    expected = _run(model, feeds)[0]
+    fused = onnx.ModelProto.FromString(model.SerializeToString())
+    assert fusion.fuse_rotary(fused) == 1
+    assert {n.op_type for n in fused.graph.node} == {"Concat", "Cos", "Sin", "Slice", "RotaryEmbedding"}
+    np.testing.assert_allclose(_run(fused, feeds)[0], expected, atol=1e-6)
+    assert fusion.unfuse(fused) == 1 and "RotaryEmbedding" not in {n.op_type for n in fused.graph.node}
+    np.testing.assert_allclose(_run(fused, feeds)[0], expected, atol=1e-6)
+
+
+def test_rotary_over_tables_not_known_to_repeat_their_halves_is_left_alone():
+    model = _rotary_graph(duplicated=False)
+    assert fusion.fuse_rotary(model) == 0
+    assert "RotaryEmbedding" not in {n.op_type for n in model.graph.node}
+
+
+def test_residual_add_and_norm_fuse_and_unfuse():
+    shape = [1, ROWS, DIM]
+    ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in ("a", "b")]
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in ("y", "s")]
+    weight = numpy_helper.from_array(RNG.standard_normal(DIM).astype(np.float32), "w")
+    nodes = [helper.make_node("Add", ["a", "b"], ["s"]),
+             helper.make_node("RMSNormalization", ["s", "w"], ["y"], axis=-1, epsilon=1e-5)]
+    model = helper.make_model(helper.make_graph(nodes, "norm", ins, outs, [weight]),
+                              opset_imports=[helper.make_opsetid("", 24)])
+    feeds = {n: RNG.standard_normal(shape, dtype=np.float32) for n in ("a", "b")}
+    expected = _run(model, feeds)
+    fused = onnx.ModelProto.FromString(model.SerializeToString())
+    assert fusion.fuse_float(fused) == {"rotary": 0, "skip_norm": 1}
+    assert [n.op_type for n in fused.graph.node] == ["SkipSimplifiedLayerNormalization"]
+    for got, want in zip(_run(fused, feeds), expected):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    assert fusion.unfuse(fused) == 1
+    assert [n.op_type for n in fused.graph.node] == ["Add", "RMSNormalization"]
+
+
+@pytest.mark.parametrize("bits, block", [(4, 16), (4, 32), (8, 32)])
+def test_sibling_matmuls_become_one_whose_columns_are_bitwise_the_same(bits, block):
+    k, widths = 64, (48, 16, 16)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, ROWS, k])
+    outs = [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None) for i in range(len(widths))]
+    model = helper.make_model(helper.make_graph([], "siblings", [x], outs),
+                              opset_imports=[helper.make_opsetid("", 24), helper.make_opsetid("com.microsoft", 1)])
+    for i, n in enumerate(widths):
+        blocks = nbits.quantize(RNG.standard_normal((k, n)).astype(np.float32), bits, block, "absmax")
+        node = helper.make_node("MatMul", ["x", f"w{i}"], [f"y{i}"], name=f"m{i}")
+        model.graph.node.append(nbits.matmul_node(model, node, f"w{i}", blocks, accuracy_level=4))
+    feeds = {"x": RNG.standard_normal((1, ROWS, k), dtype=np.float32)}
+    expected = _run(model, feeds)
+    assert fusion.fuse_sibling_matmuls(model) == 1
+    assert [n.op_type for n in model.graph.node] == ["MatMulNBits", "Split"]
+    for got, want in zip(_run(model, feeds), expected):
+        np.testing.assert_array_equal(got, want)
