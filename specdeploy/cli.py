@@ -195,12 +195,20 @@ def generate(bundle, prompt, max_tokens, temperature, greedy, top_k, top_p, seed
               help="Where to write the quantized bundle (may be BUNDLE itself: replaced only once whole).")
 @click.option("--tensorrt", is_flag=True,
               help="Also write the DequantizeLinear form of int4/int8 graphs that build-engines builds from.")
-def quantize(bundle, precision, draft_precision, verify_precision, method, prompts_file, output, tensorrt):
+@click.option("--int4-block", type=click.Choice(["auto", "32", "16"]), default="auto", show_default=True,
+              help="int4 block size; auto: 32 where the bundle is row-independent on this machine, else 16 "
+                   "(16 for bundles bound for AVX2 CPUs without VNNI).")
+@click.option("--no-fuse", is_flag=True,
+              help="Keep the exported rotary, norm and matmul nodes unfused (to measure what fusing gains).")
+def quantize(bundle, precision, draft_precision, verify_precision, method, prompts_file, output, tensorrt,
+             int4_block, no_fuse):
     """Write a quantized copy of the fp32 BUNDLE and print its quality report."""
+    from .quantization.compute import ComputeOptions
     from .quantization.quantize import quantize as run_quantize
 
+    options = ComputeOptions(int4_block=None if int4_block == "auto" else int(int4_block), fuse=not no_fuse)
     path = run_quantize(bundle, output, precision, draft_precision, verify_precision, prompts_file, click.echo,
-                        method=method, tensorrt=tensorrt)
+                        method=method, tensorrt=tensorrt, options=options)
     click.echo(f"quantized bundle written to {path}")
 
 

@@ -136,6 +136,7 @@ def test_quantize_bad_inputs(tiny_bundle, corrupt_bundle, tmp_path):
     result = run("quantize", tiny_bundle, "--precision", "int8", "--prompts", prompts, "-o", tmp_path / "q")
     assert_one_line_error(result, "needs a 'prompt' string")
     assert run("quantize", tiny_bundle, "--precision", "int3", "-o", tmp_path / "q").exit_code == 2  # usage
+    assert run("quantize", tiny_bundle, "--precision", "int4", "--int4-block", "64", "-o", tmp_path / "q").exit_code == 2
 
 
 def test_build_engines_bad_inputs(tiny_bundle, corrupt_bundle, tmp_path, monkeypatch):

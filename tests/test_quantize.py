@@ -127,7 +127,7 @@ def test_quantizing_in_place_replaces_the_bundle_only_once_whole(tiny_bundle, tm
     assert manifest_io.read(bundle).precision == "int8"
 
 
-@pytest.mark.parametrize("kind, precision, block", [("Q8_0", "int8", 32), ("Q4_0", "int4", 16)])
+@pytest.mark.parametrize("kind, precision, block", [("Q8_0", "int8", 32), ("Q4_0", "int4", 16), ("Q4_0", "int4", 32)])
 def test_gguf_blocks_are_carried_over_losslessly(kind, precision, block):
     """A weight that is a GGUF tensor dequantized becomes MatMulNBits blocks holding exactly the
     file's values, whatever order the loader put its rows in; any other weight is not matched."""
@@ -176,3 +176,25 @@ def test_int4_falls_back_to_the_smaller_block_where_the_larger_is_row_dependent(
     draft = onnx.load(str(out / m.graph("draft").file), load_external_data=False)
     assert {onnx.helper.get_attribute_value(a) for n in draft.graph.node if n.op_type == "MatMulNBits"
             for a in n.attribute if a.name == "block_size"} == {16}
+
+
+def test_int4_block_and_fusion_are_chosen_from_the_command_line(tiny_bundle, tmp_path):
+    """`--int4-block 16` (a bundle bound for AVX2 devices) and `--no-fuse` (to measure the fusions)."""
+    from click.testing import CliRunner
+
+    from specdeploy.cli import main
+    from specdeploy.quantization.compute import ComputeOptions
+
+    out = tmp_path / "int4-16"
+    result = CliRunner().invoke(main, ["quantize", str(tiny_bundle), "--precision", "int4", "--int4-block", "16",
+                                       "--no-fuse", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "int4 in blocks of 16" in result.output
+    m = manifest_io.read(out)
+    draft = onnx.load(str(out / m.graph("draft").file), load_external_data=False)
+    ops = [n.op_type for n in draft.graph.node]
+    assert m.extra["int4_block_size"] == 16 and m.row_check["passed"]
+    assert "RotaryEmbedding" not in ops and "SkipSimplifiedLayerNormalization" not in ops
+    assert ops.count("MatMulNBits") == 7 * 2  # q, k, v, o, gate, up, down in each of two layers
+    with pytest.raises(ConfigError, match="pick one of 32, 16"):
+        ComputeOptions(int4_block=64)

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import prompts as prompt_sets
+from ..bundle import manifest as manifest_io
 from ..errors import ConfigError
 from . import peer_runners as runners
 
@@ -60,12 +61,15 @@ class Row:
 
 
 def _rows(config: PeerConfig) -> list[Row]:
+    """One row per bundle and mode, then per peer; bundles of one precision are told apart by name."""
     rows = []
-    for bundle in config.bundles:
+    precisions = [manifest_io.read(b).precision for b in config.bundles]
+    for bundle, precision in zip(config.bundles, precisions):
+        label = precision if precisions.count(precision) == 1 else f"{precision} [{Path(bundle).name}]"
         for mode in ("plain", "default"):
             runner = runners.Specdeploy(bundle, speculative=False if mode == "plain" else None,
                                         threads=config.threads)
-            rows.append(Row(f"specdeploy {runner.precision} {mode}", runner.note, runner))
+            rows.append(Row(f"specdeploy {label} {mode}", runner.note, runner))
     for peer in config.peers:
         try:
             runner = runners.make(peer, config.model, config.cache, config.threads)
@@ -98,16 +102,16 @@ def run(config: PeerConfig, echo=print) -> dict:
     rows = _rows(config)
     live = [r for r in rows if r.runner is not None]
     for repeat in range(config.repeats):
-        elapsed = {r.name: 0.0 for r in live}
+        elapsed = [0.0] * len(live)
         for ids in prompts:
-            for row in live:
+            for i, row in enumerate(live):
                 began = time.perf_counter()
                 out = row.runner.generate(ids, config.max_new_tokens)
-                elapsed[row.name] += time.perf_counter() - began
+                elapsed[i] += time.perf_counter() - began
                 if repeat == 0:
                     row.outputs.append(out)
-        for row in live:
-            row.seconds.append(elapsed[row.name])
+        for row, seconds in zip(live, elapsed):
+            row.seconds.append(seconds)
         echo(f"repeat {repeat + 1}/{config.repeats} done")
     for row in live:
         row.runner.close()
@@ -168,8 +172,6 @@ def compare_command(bundle, also, model, peer_names, max_tokens, repeats, per_ca
                     plots: bool, echo) -> dict:
     """`bench --compare`: run, print the table, write results.json / results.md / peers.png."""
     import json
-
-    from ..bundle import manifest as manifest_io
 
     if model is None:
         raise ConfigError("--compare needs --model: the .gguf or Hugging Face directory the bundle was exported from")

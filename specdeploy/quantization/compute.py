@@ -1,11 +1,12 @@
 """INT4 / INT8 compute: every weight matmul as ONNX Runtime's `MatMulNBits`.
 
 `MatMulNBits` with `accuracy_level=4` quantizes each activation row per block of K and accumulates
-in integers; on the CPUs measured its rows are bitwise independent of how many rows a call carries
-for 8 bits at every block size and for 4 bits at block 16, but not for 4 bits at 32 / 64 / 128
-(the one-row path is another kernel). So the forms here are symmetric int8 in blocks of 32 and
-symmetric int4 in blocks of 16 (integer zero points: float ones run a ~70x slower path), and every
-bundle made with them is checked row by row (runtime.row_check) before it is installed.
+in integers. Whether its rows are bitwise independent of how many rows a call carries depends on
+the CPU: 8 bits are at every block size measured; 4 bits at block 16 everywhere, at block 32 on
+CPUs with AVX-512 VNNI but not on AVX2 alone (the one-row path is another kernel there), at 64 / 128
+nowhere. So the forms here are symmetric int8 in blocks of 32 and symmetric int4 in blocks of 32
+where the bundle's row check passes, else 16 (integer zero points: float ones run a ~70x slower
+path); every bundle is checked row by row (runtime.row_check) before it is installed.
 
 Methods (all in MatMulNBits' layout, same kernels): "rtn" rounds to nearest with each block's
 largest magnitude on the grid (nbits.py: at 4 bits on -8, ONNX Runtime's grid; at 8 bits over
@@ -49,10 +50,28 @@ FORMS = {"int4": ComputeForm(bits=4, block_size=16), "int8": ComputeForm(bits=8,
 INT4_BLOCKS = (32, 16)
 
 
-def compute_form(precision: str, int4_block: int | None = None) -> ComputeForm:
-    """The compute form of `precision`, with int4 in blocks of `int4_block` when given."""
-    if precision == "int4" and int4_block:
-        return ComputeForm(bits=4, block_size=int4_block)
+@dataclass(frozen=True)
+class ComputeOptions:
+    """How int4 / int8 graphs are made: int4's block (None: the largest of INT4_BLOCKS whose bundle
+    passes the row check here; a bundle for AVX2 devices made on an AVX-512 machine needs 16) and
+    whether the graphs are fused for ONNX Runtime (fusion.py; off only to measure what it gains)."""
+
+    int4_block: int | None = None
+    fuse: bool = True
+
+    def __post_init__(self):
+        if self.int4_block not in (None, *INT4_BLOCKS):
+            raise ConfigError(f"int4 block size {self.int4_block} is not offered; pick one of "
+                              f"{', '.join(map(str, INT4_BLOCKS))} (or leave it to the row check)")
+
+    def blocks(self) -> tuple:
+        return (self.int4_block,) if self.int4_block else INT4_BLOCKS
+
+
+def compute_form(precision: str, options: ComputeOptions = ComputeOptions()) -> ComputeForm:
+    """The compute form of `precision` (int4 in the options' block when it names one)."""
+    if precision == "int4" and options.int4_block:
+        return ComputeForm(bits=4, block_size=options.int4_block)
     return FORMS[precision]
 
 
@@ -66,7 +85,7 @@ def _algo_config(form: ComputeForm, method: str):
 
 
 def quantize_graph(src: Path, dst: Path, precision: str, method: str = "rtn", index=None,
-                   int4_block: int | None = None) -> int:
+                   options: ComputeOptions = ComputeOptions()) -> int:
     """Write `src` (fp32) to `dst` with every initializer-weight MatMul as MatMulNBits; returns how
     many weights came losslessly from `index` (a gguf_blocks.BlockIndex of the source file).
 
@@ -84,8 +103,9 @@ def quantize_graph(src: Path, dst: Path, precision: str, method: str = "rtn", in
         raise ConfigError(f"quantization method '{method}' is unknown; pick one of {', '.join(METHODS)}")
     model = onnx.load(str(src))
     fold_weight_transposes(model)
-    fusion.fuse_float(model)
-    chosen, carried = compute_form(precision, int4_block), 0
+    if options.fuse:
+        fusion.fuse_float(model)
+    chosen, carried = compute_form(precision, options), 0
     if method != "ort":
         carried = _own_blocks(model, chosen, "absmax" if method == "rtn" else method, index)
     else:
@@ -93,7 +113,8 @@ def quantize_graph(src: Path, dst: Path, precision: str, method: str = "rtn", in
                                              accuracy_level=ACCURACY_LEVEL)
         quantizer.process()
         model = quantizer.model.model
-    fusion.fuse_sibling_matmuls(model)
+    if options.fuse:
+        fusion.fuse_sibling_matmuls(model)
     onnx.save(model, str(dst), save_as_external_data=True, location=dst.name + ".data")
     return carried
 
@@ -129,7 +150,8 @@ def _own_blocks(model, form: ComputeForm, method: str, index=None) -> int:
     return carried
 
 
-def quantize_embedding(draft: Path, head: Path, precision: str, index=None, int4_block: int | None = None) -> bool:
+def quantize_embedding(draft: Path, head: Path, precision: str, index=None,
+                       options: ComputeOptions = ComputeOptions()) -> bool:
     """The draft graph's embedding Gather as GatherBlockQuantized, in place; True if rewritten.
 
     A tied embedding reads the LM head's MatMulNBits bytes (the shared weights file stores them
@@ -140,7 +162,7 @@ def quantize_embedding(draft: Path, head: Path, precision: str, index=None, int4
 
     from . import nbits
 
-    chosen = compute_form(precision, int4_block)
+    chosen = compute_form(precision, options)
     model = onnx.load(str(draft))
     inits = {t.name: t for t in model.graph.initializer}
     gather = next((n for n in model.graph.node if n.op_type == "Gather" and n.input[0] in inits

@@ -17,6 +17,7 @@ quantizer needs them to trace the graphs, and they validate that each graph runs
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 import tempfile
@@ -31,7 +32,7 @@ from ..bundle import manifest as manifest_io
 from ..constants import PRECISIONS
 from ..errors import ConfigError, require
 from ..errors import RowDependenceError
-from .compute import FORMS as COMPUTE_FORMS, INT4_BLOCKS, quantize_embedding, quantize_graph
+from .compute import FORMS as COMPUTE_FORMS, INT4_BLOCKS, ComputeOptions, quantize_embedding, quantize_graph
 from .rewrites import drop_activation_qdq, float_matmuls, fold_weight_transposes, int8_weights_to_fp8, to_fp16
 
 log = logging.getLogger("specdeploy")
@@ -121,10 +122,10 @@ def graph_precisions(manifest, precision: str, draft: str | None, verify: str | 
 
 
 def _quantize_graph(src: Path, dst: Path, precision: str, method: str, feeds, indexes,
-                    int4_block: int | None = None) -> int:
+                    options: ComputeOptions) -> int:
     """Quantize one graph; returns how many weights came losslessly from the source GGUF."""
     if precision in COMPUTE_FORMS:
-        return quantize_graph(src, dst, precision, method, indexes.get(precision), int4_block)
+        return quantize_graph(src, dst, precision, method, indexes.get(precision), options)
     if precision == "fp8":
         _quantize_fp8(src, dst, _Reader(feeds))
     elif precision == "fp16":
@@ -145,20 +146,20 @@ def _gguf_indexes(manifest, plan: dict, method: str) -> dict:
 
 
 def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str, feeds, indexes,
-                     echo, int4_block: int | None = None) -> tuple[dict, dict]:
+                     echo, options: ComputeOptions) -> tuple[dict, dict]:
     """Each graph quantized into `tmp` (the tied embedding too); (files by stem, carried counts)."""
     files, carried = {}, {}
     for name, graph in manifest.graphs.items():
         src, dst = bundle / graph.file, tmp / graph.file
-        carried[name] = _quantize_graph(src, dst, plan[name], method, feeds.get(name), indexes, int4_block)
+        carried[name] = _quantize_graph(src, dst, plan[name], method, feeds.get(name), indexes, options)
         files[Path(graph.file).stem] = dst if plan[name] != "fp32" else src
         lossless = f" ({carried[name]} weights carried losslessly from the GGUF's own blocks)" if carried[name] else ""
-        blocks = f" in blocks of {int4_block}" if plan[name] == "int4" and int4_block else ""
+        blocks = f" in blocks of {options.int4_block}" if plan[name] == "int4" and options.int4_block else ""
         echo(f"{name}: {plan[name]}{blocks}{lossless}")
     draft, head = plan[io_names.DRAFT], plan[io_names.HEAD]
     if draft in COMPUTE_FORMS and head == draft and quantize_embedding(
             tmp / manifest.graph(io_names.DRAFT).file, tmp / manifest.graph(io_names.HEAD).file, draft,
-            indexes.get(draft), int4_block):
+            indexes.get(draft), options):
         echo(f"embedding: {draft} (GatherBlockQuantized)")
     return files, carried
 
@@ -166,7 +167,7 @@ def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str,
 def quantize_bundle(bundle: Path, precision: str, draft_precision: str | None = None,
                     verify_precision: str | None = None, texts: list[str] | None = None,
                     echo: Callable[[str], None] = print, method: str = "rtn", tensorrt: bool = False,
-                    int4_block: int | None = None) -> Path:
+                    options: ComputeOptions = ComputeOptions()) -> Path:
     """Rewrite the fp32 bundle at `bundle` in place at the requested precision(s).
 
     `tensorrt`: also write the DequantizeLinear form of each int4/int8 graph (tensorrt_form.py).
@@ -186,7 +187,7 @@ def quantize_bundle(bundle: Path, precision: str, draft_precision: str | None = 
     indexes = _gguf_indexes(manifest, plan, method)
     with tempfile.TemporaryDirectory(dir=bundle.parent, prefix=".quantize-") as tmp:
         tmp = Path(tmp)
-        files, carried = _quantize_graphs(bundle, manifest, plan, tmp, method, feeds, indexes, echo, int4_block)
+        files, carried = _quantize_graphs(bundle, manifest, plan, tmp, method, feeds, indexes, echo, options)
         out = tmp / "bundle"
         out.mkdir()
         weights.share(files, out, manifest.weights)
@@ -199,7 +200,7 @@ def quantize_bundle(bundle: Path, precision: str, draft_precision: str | None = 
         graphs = _tensorrt_forms(bundle, graphs, echo)
     extra = {**manifest.extra, "gguf_carried_weights": carried} if any(carried.values()) else manifest.extra
     if "int4" in plan.values():
-        extra = {**extra, "int4_block_size": int4_block or COMPUTE_FORMS["int4"].block_size}
+        extra = {**extra, "int4_block_size": options.int4_block or COMPUTE_FORMS["int4"].block_size}
     manifest = manifest.replace(graphs=graphs, precision=label, row_check=None, extra=extra)
     manifest = manifest.replace(row_check=row_check.require(bundle, manifest, echo))
     manifest_io.write(bundle, manifest)
@@ -231,17 +232,21 @@ def _calibration_texts(prompts_file: Path | None) -> list[str]:
 
 def quantize_into(source: Path, target: Path, precision: str, draft_precision: str | None = None,
                   verify_precision: str | None = None, texts: list[str] | None = None,
-                  echo: Callable[[str], None] = print, method: str = "rtn", tensorrt: bool = False) -> Path:
+                  echo: Callable[[str], None] = print, method: str = "rtn", tensorrt: bool = False,
+                  options: ComputeOptions = ComputeOptions()) -> Path:
     """Copy the fp32 bundle `source` to the new directory `target` and quantize it there, int4 in
-    the largest block (compute.INT4_BLOCKS) whose graphs pass the row check on this machine."""
+    the largest block of `options.blocks()` whose graphs pass the row check on this machine."""
     plan = graph_precisions(manifest_io.read(source), precision, draft_precision, verify_precision)
-    blocks = INT4_BLOCKS if "int4" in plan.values() else (None,)
+    blocks = options.blocks() if "int4" in plan.values() else (None,)
     for i, block in enumerate(blocks):
         shutil.copytree(source, target)
         try:
             return quantize_bundle(target, precision, draft_precision, verify_precision, texts, echo, method,
-                                   tensorrt, block)
-        except RowDependenceError:
+                                   tensorrt, dataclasses.replace(options, int4_block=block))
+        except RowDependenceError as exc:
+            if i + 1 == len(blocks) and block != min(INT4_BLOCKS):
+                raise RowDependenceError(f"{exc} (int4 in blocks of {min(INT4_BLOCKS)} is row-independent on "
+                                         f"more CPUs: --int4-block {min(INT4_BLOCKS)})") from None
             if i + 1 == len(blocks):
                 raise
             shutil.rmtree(target)
@@ -253,14 +258,15 @@ def quantize_into(source: Path, target: Path, precision: str, draft_precision: s
 def quantized_copy(source: Path, target: Path, precision: str, draft_precision: str | None = None,
                    verify_precision: str | None = None, prompts_file: Path | None = None,
                    echo: Callable[[str], None] = print, report: bool = True, method: str = "rtn",
-                   tensorrt: bool = False) -> Path:
+                   tensorrt: bool = False, options: ComputeOptions = ComputeOptions()) -> Path:
     """Copy the fp32 bundle `source` to the new directory `target`, quantize it, measure its quality.
 
     The quality report (top-1 agreement with fp32 and perplexity on held-out text, acceptance,
     CPU tokens/s of plain and speculative decoding) is printed and stored in the manifest.
     """
     texts = _calibration_texts(prompts_file)
-    quantize_into(source, target, precision, draft_precision, verify_precision, texts, echo, method, tensorrt)
+    quantize_into(source, target, precision, draft_precision, verify_precision, texts, echo, method, tensorrt,
+                  options)
     if report:
         from . import quality
 
@@ -275,7 +281,7 @@ def quantized_copy(source: Path, target: Path, precision: str, draft_precision: 
 def quantize(source: Path, output: Path, precision: str, draft_precision: str | None = None,
              verify_precision: str | None = None, prompts_file: Path | None = None,
              echo: Callable[[str], None] = print, report: bool = True, method: str = "rtn",
-             tensorrt: bool = False) -> Path:
+             tensorrt: bool = False, options: ComputeOptions = ComputeOptions()) -> Path:
     """Write a quantized copy of the fp32 bundle `source` to `output` (which may be `source`).
 
     Built in a staging directory and installed only once whole: a failure leaves `output` as it was.
@@ -287,7 +293,7 @@ def quantize(source: Path, output: Path, precision: str, draft_precision: str | 
     with staging_dir(output, ".quantize-") as staging:
         target = staging.with_name("quantized")
         quantized_copy(source, target, precision, draft_precision, verify_precision, prompts_file, echo, report,
-                       method, tensorrt)
+                       method, tensorrt, options)
         install(target, output)
     return Path(output).resolve()
 

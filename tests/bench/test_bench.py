@@ -100,3 +100,25 @@ def test_sweep_colours_use_meaningful_ranges():
     cmap, low, high = heat_scale("measured_speedup", np.array([[0.98, 1.02, np.nan]]))
     assert (low, high) == (0.75, 1.25) and cmap == "RdBu"  # centred on plain decoding
     assert heat_scale("measured_speedup", np.array([[0.5, 1.9]]))[1:] == pytest.approx((0.1, 1.9))
+
+
+def test_compare_times_two_bundles_of_one_precision_apart(tiny_bundle, tmp_path, monkeypatch):
+    """Rows of bundles sharing a precision carry the bundle's name and their own timings."""
+    import shutil
+    import time
+
+    from specdeploy.bench import peers
+
+    slow = tmp_path / "slow.plan"
+    shutil.copytree(tiny_bundle, slow)
+    config = peers.PeerConfig(bundles=(tiny_bundle, slow), model=tmp_path, peers=(), output_dir=tmp_path,
+                              max_new_tokens=4, repeats=1, prompts_per_category=1)
+    rows = peers._rows(config)
+    names = [r.name for r in rows]
+    assert len(set(names)) == 4 and f"specdeploy fp32 [{slow.name}] plain" in names
+    runner = rows[2].runner
+    generate = runner.generate
+    monkeypatch.setattr(runner, "generate", lambda ids, n: (time.sleep(0.02), generate(ids, n))[1])
+    monkeypatch.setattr(peers, "_rows", lambda config: rows)
+    speeds = {r["runtime"]: r["tokens_per_second"] for r in peers.run(config, echo=lambda s: None)["rows"]}
+    assert speeds[f"specdeploy fp32 [{slow.name}] plain"] < speeds[f"specdeploy fp32 [{tiny_bundle.name}] plain"] / 2
