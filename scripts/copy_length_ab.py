@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from specdeploy import Engine, GenerationConfig
+from specdeploy.constants import MAX_DRAFT_TOKENS
 from specdeploy.prompts import bench_prompts
 from specdeploy.runtime.timing import run_modes
 
@@ -54,8 +55,11 @@ def main() -> None:
                      f"{r.tokens_per_second / plain.tokens_per_second:.2f}×"
                      for name, r in results.items() if name != "plain"]
             print(f"{category:14s} plain {plain.tokens_per_second:5.1f} tok/s | " + " | ".join(cells), flush=True)
+        rounds = switch.length.costs.seconds(MAX_DRAFT_TOKENS + 1)  # what the pricing saw, all modes
     rate = {name: tokens / seconds for name, (tokens, seconds) in totals.items()}
     print("overall        " + " | ".join(f"{name} {rate[name] / rate['plain']:.2f}×" for name in modes))
+    if rounds is not None:  # decayed mean seconds of a round by the rows it verified
+        print("round ms by verify rows 1..5: " + " / ".join(f"{1e3 * t:.1f}" for t in rounds[:5]))
 
 
 if __name__ == "__main__":
