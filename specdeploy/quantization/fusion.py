@@ -121,7 +121,8 @@ def _duplicated_table(g: _Graph, name: str):
         elif node.op_type == "Mul" and any(np.size(g.value(i)) == 1 for i in node.input if g.value(i) is not None):
             current = next(i for i in node.input if g.value(i) is None)
         elif node.op_type == "Concat" and len(node.input) == 2 and node.input[0] == node.input[1]:
-            return name if _attrs(node)["axis"] in (-1, len(g.shapes.get(current, [0, 0, 0])) - 1) else None
+            rank = len(g.shapes[current]) if current in g.shapes else None
+            return name if _attrs(node)["axis"] in (-1, rank and rank - 1) else None
         else:
             return None
 
@@ -129,7 +130,8 @@ def _duplicated_table(g: _Graph, name: str):
 def _table(g: _Graph, name: str):
     """The [B, S, D] table behind a [B, 1, S, D] broadcast cos / sin, if it is duplicated halves."""
     node = g.op(name, "Unsqueeze")
-    if node is None or len(node.input) < 2 or list(np.ravel(g.value(node.input[1]) if g.value(node.input[1]) is not None else [])) != [1]:
+    axes = g.value(node.input[1]) if node is not None and len(node.input) == 2 else None
+    if axes is None or np.ravel(axes).tolist() != [1]:
         return None
     return _duplicated_table(g, node.input[0])
 
