@@ -195,6 +195,8 @@ def test_int4_block_and_fusion_are_chosen_from_the_command_line(tiny_bundle, tmp
     ops = [n.op_type for n in draft.graph.node]
     assert m.extra["int4_block_size"] == 16 and m.row_check["passed"]
     assert "RotaryEmbedding" not in ops and "SkipSimplifiedLayerNormalization" not in ops
+    described = CliRunner().invoke(main, ["inspect", str(out)])
+    assert "precision   int4 (int4 blocks of 16)" in described.output
     assert ops.count("MatMulNBits") == 7 * 2  # q, k, v, o, gate, up, down in each of two layers
     with pytest.raises(ConfigError, match="pick one of 32, 16"):
         ComputeOptions(int4_block=64)

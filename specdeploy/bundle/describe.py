@@ -20,7 +20,8 @@ def describe(bundle: Path) -> str:
         f"{'speculative' if m.default_speculative else 'plain'} by default"
         + (f", confidence threshold {m.confidence_threshold}" if m.confidence_threshold else ""),
         f"KV buffers  {m.kv_dtype} {list(m.kv_shape)} per layer and K/V (max context {m.max_context})",
-        f"precision   {m.precision}",
+        f"precision   {m.precision}" + (f" (int4 blocks of {m.extra['int4_block_size']})"
+                                         if "int4_block_size" in m.extra else ""),
     ]
     for name, g in m.graphs.items():
         layers = f" layers {g.kv_layers[0]}..{g.kv_layers[1] - 1}" if g.kv_layers else ""
