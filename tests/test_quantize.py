@@ -176,6 +176,14 @@ def test_int4_falls_back_to_the_smaller_block_where_the_larger_is_row_dependent(
     draft = onnx.load(str(out / m.graph("draft").file), load_external_data=False)
     assert {onnx.helper.get_attribute_value(a) for n in draft.graph.node if n.op_type == "MatMulNBits"
             for a in n.attribute if a.name == "block_size"} == {16}
+    # asked for blocks of 32 outright: refused, saying which block to ask for instead
+    from specdeploy.errors import RowDependenceError
+    from specdeploy.quantization.compute import ComputeOptions
+
+    with pytest.raises(RowDependenceError, match="--int4-block 16"):
+        quantize(tiny_bundle, tmp_path / "int4-32", "int4", report=False, echo=lines.append,
+                 options=ComputeOptions(int4_block=32))
+    assert not (tmp_path / "int4-32").exists()
 
 
 def test_int4_block_and_fusion_are_chosen_from_the_command_line(tiny_bundle, tmp_path):

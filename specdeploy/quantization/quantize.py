@@ -30,8 +30,7 @@ from .. import prompts
 from ..bundle import io_names
 from ..bundle import manifest as manifest_io
 from ..constants import PRECISIONS
-from ..errors import ConfigError, require
-from ..errors import RowDependenceError
+from ..errors import ConfigError, RowDependenceError, require
 from .compute import FORMS as COMPUTE_FORMS, INT4_BLOCKS, ComputeOptions, quantize_embedding, quantize_graph
 from .rewrites import drop_activation_qdq, float_matmuls, fold_weight_transposes, int8_weights_to_fp8, to_fp16
 
@@ -238,21 +237,18 @@ def quantize_into(source: Path, target: Path, precision: str, draft_precision: s
     the largest block of `options.blocks()` whose graphs pass the row check on this machine."""
     plan = graph_precisions(manifest_io.read(source), precision, draft_precision, verify_precision)
     blocks = options.blocks() if "int4" in plan.values() else (None,)
-    for i, block in enumerate(blocks):
+    smallest = min(INT4_BLOCKS)
+    for block, following in zip(blocks, (*blocks[1:], None)):
         shutil.copytree(source, target)
         try:
             return quantize_bundle(target, precision, draft_precision, verify_precision, texts, echo, method,
                                    tensorrt, dataclasses.replace(options, int4_block=block))
         except RowDependenceError as exc:
-            if i + 1 == len(blocks) and block != min(INT4_BLOCKS):
-                raise RowDependenceError(f"{exc} (int4 in blocks of {min(INT4_BLOCKS)} is row-independent on "
-                                         f"more CPUs: --int4-block {min(INT4_BLOCKS)})") from None
-            if i + 1 == len(blocks):
-                raise
+            if following is None:
+                hint = f" (int4 in blocks of {smallest} is row-independent on more CPUs: --int4-block {smallest})"
+                raise RowDependenceError(f"{exc}{hint if block not in (None, smallest) else ''}") from None
             shutil.rmtree(target)
-            echo(f"int4 in blocks of {block} is not row-independent on this machine; "
-                 f"trying blocks of {blocks[i + 1]}")
-    raise AssertionError("unreachable: the last block re-raises")
+            echo(f"int4 in blocks of {block} is not row-independent on this machine; trying blocks of {following}")
 
 
 def quantized_copy(source: Path, target: Path, precision: str, draft_precision: str | None = None,
