@@ -26,7 +26,7 @@ import numpy as np
 from ..constants import QUANT_METHODS as METHODS
 from ..errors import ConfigError
 from . import fusion
-from .rewrites import MS_DOMAIN, fold_weight_transposes, set_nodes, use_ms_domain
+from .rewrites import MS_DOMAIN, attrs as node_attrs, fold_weight_transposes, set_nodes, use_ms_domain
 
 ACCURACY_LEVEL = 4  # int8 activations, integer accumulation
 TIED_TOLERANCE = 0.3  # relative error below which the head's blocks are taken as the embedding's
@@ -193,14 +193,14 @@ def quantize_embedding(draft: Path, head: Path, precision: str, index=None,
 def _tied_head_blocks(head: Path, table, form: ComputeForm):
     """The LM head's blocks when they quantize exactly `table` (a tied embedding), else None."""
     import onnx
-    from onnx import helper, numpy_helper
+    from onnx import numpy_helper
 
     from . import nbits
 
     model = onnx.load(str(head))
     inits = {t.name: t for t in model.graph.initializer}
     for node in model.graph.node:
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attrs = node_attrs(node)
         if node.op_type != "MatMulNBits" or attrs.get("N") != table.shape[0] or len(node.input) > 3:
             continue
         blocks = nbits.unpack(numpy_helper.to_array(inits[node.input[1]]),

@@ -20,7 +20,7 @@ import collections
 
 import numpy as np
 
-from .rewrites import MS_DOMAIN, set_nodes, use_ms_domain
+from .rewrites import MS_DOMAIN, attrs as _attrs, set_nodes, use_ms_domain
 
 PASS_THROUGH = {"Cast", "Cos", "Sin", "Identity"}  # elementwise: equal halves stay equal
 
@@ -66,12 +66,6 @@ class _Graph:
             return None
         feeds = {i: v for i, v in zip(node.input, inputs) if i}
         return ReferenceEvaluator(node).run(None, feeds)[list(node.output).index(name)]
-
-
-def _attrs(node) -> dict:
-    from onnx import helper
-
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
 def fuse_float(model) -> dict[str, int]:
@@ -201,24 +195,22 @@ def fuse_skip_norms(model) -> int:
     from onnx import helper
 
     g = _Graph(model)
-    fused, count = {}, 0
+    by_add, norms = {}, set()  # Add output -> the fused node that replaces it; the norms it absorbs
     for norm in model.graph.node:
         add = g.op(norm.input[0], "Add") if norm.op_type == "RMSNormalization" else None
         attrs = _attrs(norm)
-        if add is None or add.output[0] in fused or attrs.get("axis", -1) != -1 or len(norm.input) != 2:
+        if add is None or add.output[0] in by_add or attrs.get("axis", -1) != -1 or len(norm.input) != 2:
             continue
         shapes = [g.shapes.get(i) for i in add.input]
         if None in shapes or shapes[0] != shapes[1] or any(g.value(i) is not None for i in add.input):
             continue
-        fused[add.output[0]] = helper.make_node(
+        by_add[add.output[0]] = helper.make_node(
             "SkipSimplifiedLayerNormalization", [*add.input, norm.input[1]], [norm.output[0], "", "", add.output[0]],
             name=norm.name + ".skip", domain=MS_DOMAIN, epsilon=attrs.get("epsilon", 1e-5))
-        fused[id(norm)] = None
-        count += 1
-    nodes = [fused.get(n.output[0], n) if n.op_type == "Add" else n for n in model.graph.node
-             if id(n) not in fused]
-    set_nodes(model, nodes)
-    return count
+        norms.add(id(norm))
+    set_nodes(model, [by_add.get(n.output[0], n) if n.op_type == "Add" else n for n in model.graph.node
+                      if id(n) not in norms])
+    return len(norms)
 
 
 # ---- sibling quantized matmuls -----------------------------------------------------------------

@@ -11,6 +11,13 @@ KEEP_FLOAT = ("down_proj",)  # MatMuls whose weights' names contain these stay i
 MS_DOMAIN = "com.microsoft"  # ONNX Runtime's contrib ops (MatMulNBits, GatherBlockQuantized)
 
 
+def attrs(node) -> dict:
+    """A node's attributes by name, as Python values."""
+    from onnx import helper
+
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
 def set_nodes(model, nodes) -> None:
     """The graph's nodes become `nodes`; initializers no node reads any more are dropped."""
     nodes = list(nodes)

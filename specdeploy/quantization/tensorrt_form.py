@@ -19,15 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from . import fusion, nbits
-from .rewrites import set_nodes, use_ms_domain
+from .rewrites import attrs as _attrs, set_nodes, use_ms_domain
 
 SUFFIX = ".trt.onnx"  # beside graph.onnx: what build-engines parses for an int4/int8 graph
-
-
-def _attrs(node) -> dict:
-    from onnx import helper
-
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
 def positive_blocks(blocks: nbits.Blocks) -> tuple[np.ndarray, np.ndarray, int]:
