@@ -42,3 +42,19 @@ def test_memory_breakdown_reports_every_loading_step(tiny_bundle):
     steps = [line.split("VmRSS")[0].strip() for line in out.stdout.splitlines()]
     assert steps[:3] == ["start", "imports", "tokenizer"] and steps.count("+ KV buffers") == 3
     assert steps[-1].startswith("generated") and all("VmHWM" in line for line in out.stdout.splitlines())
+
+
+def test_quality_compare_measures_each_bundle_over_each_text_length(tiny_bundle, tmp_path):
+    """The reference against itself agrees fully; a bad bundle path is one line and a non-zero exit."""
+    import subprocess
+    import sys
+
+    script = str(ROOT / "scripts" / "quality_compare.py")
+    out = subprocess.run([sys.executable, script, str(tiny_bundle), str(tiny_bundle), "--passages", "1", "2"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    line, = out.stdout.splitlines()
+    assert "1 passages: top-1 100.0%" in line and "2 passages: top-1 100.0%" in line
+    bad = subprocess.run([sys.executable, script, str(tiny_bundle), str(tmp_path / "none")],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
