@@ -91,18 +91,25 @@ def test_residual_add_and_norm_fuse_and_unfuse():
 
 @pytest.mark.parametrize("bits, block", [(4, 16), (4, 32), (8, 32)])
 def test_sibling_matmuls_become_one_whose_columns_are_bitwise_the_same(bits, block):
+    """Fused before quantizing, q/k/v-like siblings become one MatMulNBits and a Split whose outputs
+    are bitwise those of the siblings quantized one by one."""
+    from specdeploy.quantization import compute
+
     k, widths = 64, (48, 16, 16)
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, ROWS, k])
     outs = [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None) for i in range(len(widths))]
     model = helper.make_model(helper.make_graph([], "siblings", [x], outs),
                               opset_imports=[helper.make_opsetid("", 24), helper.make_opsetid("com.microsoft", 1)])
     for i, n in enumerate(widths):
-        blocks = nbits.quantize(RNG.standard_normal((k, n)).astype(np.float32), bits, block, "absmax")
-        node = helper.make_node("MatMul", ["x", f"w{i}"], [f"y{i}"], name=f"m{i}")
-        model.graph.node.append(nbits.matmul_node(model, node, f"w{i}", blocks, accuracy_level=4))
-    feeds = {"x": RNG.standard_normal((1, ROWS, k), dtype=np.float32)}
-    expected = _run(model, feeds)
+        model.graph.initializer.append(numpy_helper.from_array(RNG.standard_normal((k, n)).astype(np.float32), f"w{i}"))
+        model.graph.node.append(helper.make_node("MatMul", ["x", f"w{i}"], [f"y{i}"], name=f"m{i}"))
+    form = compute.ComputeForm(bits=bits, block_size=block)
+    separate = onnx.ModelProto.FromString(model.SerializeToString())
+    compute._own_blocks(separate, form, "absmax")
     assert fusion.fuse_sibling_matmuls(model) == 1
+    assert [n.op_type for n in model.graph.node] == ["MatMul", "Split"]
+    compute._own_blocks(model, form, "absmax")
     assert [n.op_type for n in model.graph.node] == ["MatMulNBits", "Split"]
-    for got, want in zip(_run(model, feeds), expected):
+    feeds = {"x": RNG.standard_normal((1, ROWS, k), dtype=np.float32)}
+    for got, want in zip(_run(model, feeds), _run(separate, feeds)):
         np.testing.assert_array_equal(got, want)

@@ -127,10 +127,11 @@ def test_quantizing_in_place_replaces_the_bundle_only_once_whole(tiny_bundle, tm
     assert manifest_io.read(bundle).precision == "int8"
 
 
-@pytest.mark.parametrize("kind, precision, block", [("Q8_0", "int8", 32), ("Q4_0", "int4", 16), ("Q4_0", "int4", 32)])
-def test_gguf_blocks_are_carried_over_losslessly(kind, precision, block):
-    """A weight that is a GGUF tensor dequantized becomes MatMulNBits blocks holding exactly the
-    file's values, whatever order the loader put its rows in; any other weight is not matched."""
+@pytest.mark.parametrize("kind, block", [("Q8_0", 32), ("Q4_0", 16), ("Q4_0", 32), ("Q4_1", 16), ("Q4_1", 32)])
+def test_gguf_blocks_are_carried_over_losslessly(kind, block):
+    """A weight that is a GGUF tensor dequantized becomes MatMulNBits blocks holding the file's own
+    4- or 8-bit values and scales, whatever order the loader put its rows in (Q4_1's minimum as a
+    float offset, rounded once); any other weight is not matched."""
     import gguf
     from gguf import quants
 
@@ -140,14 +141,41 @@ def test_gguf_blocks_are_carried_over_losslessly(kind, precision, block):
     rng = np.random.default_rng(0)
     rows = rng.normal(size=(48, 64)).astype(np.float32)                 # [N, K] as GGUF stores it
     raw = quants.quantize(rows, getattr(gguf.GGMLQuantizationType, kind))
-    weight = quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, kind)).T[:, rng.permutation(48)]  # [K, N]
+    order = rng.permutation(48)
+    weight = quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, kind)).T[:, order]  # [K, N]
     index = BlockIndex([raw], kind)
-    blocks = index.blocks(np.ascontiguousarray(weight), {"int8": 8, "int4": 4}[precision], block)
-    assert blocks is not None and blocks.block == block
-    np.testing.assert_array_equal(blocks.dequantize(), weight)           # lossless
-    packed = nbits.unpack(*nbits.pack(blocks), blocks.bits, block)
-    np.testing.assert_array_equal(packed.dequantize(), weight)
-    assert index.blocks(weight + 1e-3, blocks.bits, block) is None
+    blocks = index.blocks(np.ascontiguousarray(weight), block)
+    assert blocks is not None and blocks.bits == (8 if kind == "Q8_0" else 4)
+    assert blocks.block == (32 if kind == "Q8_0" else block)
+    assert (blocks.offsets is not None) == (kind == "Q4_1")
+    if kind == "Q4_1":   # the file's q and d exactly; m + 8d carries one float32 rounding
+        d = raw.reshape(48, 2, 20)[order, :, :2].copy().view(np.float16)[..., 0].astype(np.float32)
+        np.testing.assert_array_equal(blocks.scales, np.repeat(d, 32 // block, axis=1))
+        np.testing.assert_allclose(blocks.dequantize(), weight, rtol=0, atol=1e-6 * np.abs(weight).max())
+    else:
+        np.testing.assert_array_equal(blocks.dequantize(), weight)       # lossless
+    packed = nbits.unpack(*nbits.pack(blocks), blocks.bits, blocks.block)
+    np.testing.assert_array_equal(packed.q, blocks.q)
+    np.testing.assert_array_equal(packed.scales, blocks.scales)
+    assert index.blocks(weight + 1e-3, block) is None
+
+
+def test_an_index_of_several_types_matches_a_weight_only_within_one():
+    """An int4 index holds the file's Q4_1 and Q8_0 rows; a weight whose columns mix them is
+    re-quantized rather than carried with two widths."""
+    import gguf
+    from gguf import quants
+
+    from specdeploy.quantization.gguf_blocks import BlockIndex
+
+    rng = np.random.default_rng(1)
+    raws = {kind: quants.quantize(rng.normal(size=(8, 64)).astype(np.float32), getattr(gguf.GGMLQuantizationType, kind))
+            for kind in ("Q4_1", "Q8_0")}
+    index = BlockIndex([raws["Q4_1"]], "Q4_1")
+    index.add([raws["Q8_0"]], "Q8_0")
+    values = {k: quants.dequantize(r, getattr(gguf.GGMLQuantizationType, k)).T for k, r in raws.items()}
+    assert index.blocks(values["Q8_0"], 16).bits == 8 and index.blocks(values["Q4_1"], 16).bits == 4
+    assert index.blocks(np.concatenate([values["Q4_1"], values["Q8_0"]], axis=1), 16) is None
 
 
 def test_int4_falls_back_to_the_smaller_block_where_the_larger_is_row_dependent(tiny_bundle, tmp_path, monkeypatch):
@@ -208,3 +236,69 @@ def test_int4_block_and_fusion_are_chosen_from_the_command_line(tiny_bundle, tmp
     assert ops.count("MatMulNBits") == 7 * 2  # q, k, v, o, gate, up, down in each of two layers
     with pytest.raises(ConfigError, match="pick one of 32, 16"):
         ComputeOptions(int4_block=64)
+
+
+def _q4_1_matmul(rng, index: bool, k: int = 128, n: int = 96):
+    """(weight [K, N] a Q4_1 tensor dequantized, carried count, model: x @ weight quantized to int4
+    in blocks of 16 from the file's blocks when `index`, else re-rounded)."""
+    import gguf
+    import onnx
+    from gguf import quants
+    from onnx import TensorProto, helper, numpy_helper
+
+    from specdeploy.quantization import compute
+    from specdeploy.quantization.gguf_blocks import BlockIndex
+
+    raw = quants.quantize((rng.normal(size=(n, k)) + 0.3).astype(np.float32), gguf.GGMLQuantizationType.Q4_1)
+    weight = np.ascontiguousarray(quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_1).T)   # [K, N]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, None, k])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, None, n])
+    model = helper.make_model(
+        helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="m")], "g", [x], [y],
+                          [numpy_helper.from_array(weight, "w")]),
+        opset_imports=[helper.make_opsetid("", 24)])
+    carried = compute._own_blocks(model, compute.ComputeForm(bits=4, block_size=16), "absmax",
+                                  BlockIndex([raw], "Q4_1") if index else None)
+    onnx.checker.check_model(model)
+    return weight, carried, model
+
+
+def _session(model, optimize: bool = True):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if not optimize:  # as TensorRT reads it: ONNX Runtime would fuse DequantizeLinear -> MatMul itself
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def test_q4_1_blocks_compute_the_files_weights_with_rows_independent_of_the_call():
+    """A Q4_1 weight becomes MatMulNBits over the file's 4-bit values plus the float offset term;
+    with int8 activations it is several times closer to x @ W than the same weight re-rounded onto
+    a symmetric 4-bit grid, and each row is bitwise the row computed alone."""
+    weight, carried, model = _q4_1_matmul(np.random.default_rng(2), index=True)
+    assert carried == 1 and [nd.op_type for nd in model.graph.node] == ["MatMulNBits", "Reshape", "ReduceSum", "MatMul", "Add"]
+    _, carried, rerounded = _q4_1_matmul(np.random.default_rng(2), index=False)
+    assert carried == 0 and [nd.op_type for nd in rerounded.graph.node] == ["MatMulNBits"]
+    rows, exact, rerounded = 5, _session(model), _session(rerounded)
+    x = np.random.default_rng(3).normal(size=(1, rows, weight.shape[0])).astype(np.float32)
+    want = x @ weight
+    error = lambda s: np.abs(s.run(None, {"x": x})[0] - want).max()          # noqa: E731
+    assert error(exact) < error(rerounded) / 3
+    many = exact.run(None, {"x": x})[0]
+    alone = np.concatenate([exact.run(None, {"x": x[:, i:i + 1]})[0] for i in range(rows)], axis=1)
+    np.testing.assert_array_equal(many, alone)
+
+
+def test_the_tensorrt_form_of_a_q4_1_weight_keeps_its_offset_term():
+    """TensorRT's DequantizeLinear form holds the same 4-bit values; the offset term stays in
+    standard ops, so the float graph computes x @ W to float32 rounding."""
+    from specdeploy.quantization import tensorrt_form
+
+    weight, _, model = _q4_1_matmul(np.random.default_rng(4), index=True)
+    assert tensorrt_form.convert(model) == 1
+    ops = [nd.op_type for nd in model.graph.node]
+    assert "MatMulNBits" not in ops and ops.count("MatMul") == 2 and "DequantizeLinear" in ops
+    x = np.random.default_rng(5).normal(size=(1, 3, weight.shape[0])).astype(np.float32)
+    np.testing.assert_allclose(_session(model, optimize=False).run(None, {"x": x})[0], x @ weight,
+                               rtol=1e-4, atol=1e-4)

@@ -105,6 +105,7 @@ def quantize_graph(src: Path, dst: Path, precision: str, method: str = "rtn", in
     fold_weight_transposes(model)
     if options.fuse:
         fusion.fuse_float(model)
+        fusion.fuse_sibling_matmuls(model)
     chosen, carried = compute_form(precision, options), 0
     if method != "ort":
         carried = _own_blocks(model, chosen, "absmax" if method == "rtn" else method, index)
@@ -113,8 +114,6 @@ def quantize_graph(src: Path, dst: Path, precision: str, method: str = "rtn", in
                                              accuracy_level=ACCURACY_LEVEL)
         quantizer.process()
         model = quantizer.model.model
-    if options.fuse:
-        fusion.fuse_sibling_matmuls(model)
     onnx.save(model, str(dst), save_as_external_data=True, location=dst.name + ".data")
     return carried
 
@@ -123,7 +122,7 @@ def _blocks(w, form: ComputeForm, method: str, index):
     """(blocks, carried): the source file's own blocks where they map exactly, else quantized."""
     from . import nbits
 
-    carried = index.blocks(w, form.bits, form.block_size) if index is not None else None
+    carried = index.blocks(w, form.block_size) if index is not None else None
     if carried is not None:
         return carried, True
     return nbits.quantize(w, form.bits, form.block_size, method), False
@@ -136,23 +135,29 @@ def _own_blocks(model, form: ComputeForm, method: str, index=None) -> int:
     from . import nbits
 
     inits = {t.name: t for t in model.graph.initializer}
-    nodes, carried = [], 0
+    nodes, carried, sums = [], 0, {}
     for node in model.graph.node:
         weight = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
         if weight is None or len(weight.dims) != 2 or weight.dims[0] % form.block_size:
             nodes.append(node)
             continue
         blocks, exact = _blocks(numpy_helper.to_array(weight), form, method, index)
-        nodes.append(nbits.matmul_node(model, node, weight.name, blocks, ACCURACY_LEVEL))
         carried += exact
+        if blocks.offsets is None:
+            nodes.append(nbits.matmul_node(model, node, weight.name, blocks, ACCURACY_LEVEL))
+            continue
+        product = node.output[0] + ".product"
+        nodes.append(nbits.matmul_node(model, node, weight.name, blocks, ACCURACY_LEVEL, output=product))
+        nodes += nbits.offset_nodes(model, node.input[0], product, node.output[0], blocks.offsets, sums)
     set_nodes(model, nodes)
     use_ms_domain(model)
     return carried
 
 
 def quantize_embedding(draft: Path, head: Path, precision: str, index=None,
-                       options: ComputeOptions = ComputeOptions()) -> bool:
-    """The draft graph's embedding Gather as GatherBlockQuantized, in place; True if rewritten.
+                       options: ComputeOptions = ComputeOptions()) -> int:
+    """The draft graph's embedding Gather as GatherBlockQuantized, in place; the table's bits (0: not
+    rewritten).
 
     A tied embedding reads the LM head's MatMulNBits bytes (the shared weights file stores them
     once); an untied one is block-quantized the same way. Either way it no longer costs fp32.
@@ -168,11 +173,13 @@ def quantize_embedding(draft: Path, head: Path, precision: str, index=None,
     gather = next((n for n in model.graph.node if n.op_type == "Gather" and n.input[0] in inits
                    and len(inits[n.input[0]].dims) == 2), None)
     if gather is None:
-        return False
+        return 0
     table = numpy_helper.to_array(inits[gather.input[0]])                       # [V, H] float32
     if table.shape[1] % chosen.block_size:
-        return False
-    blocks = _tied_head_blocks(head, table, chosen) or _blocks(table.T, chosen, "absmax", index)[0]
+        return 0
+    blocks = _tied_head_blocks(head, table) or _blocks(table.T, chosen, "absmax", index)[0]
+    if blocks.offsets is not None:  # GatherBlockQuantized has no float offsets
+        blocks = nbits.quantize(table.T, chosen.bits, chosen.block_size, "absmax")
     b, scales = nbits.pack(blocks)
     vocab, n_blocks = blocks.q.shape[:2]
     name = gather.input[0]
@@ -181,17 +188,18 @@ def quantize_embedding(draft: Path, head: Path, precision: str, index=None,
     replacement = helper.make_node(
         "GatherBlockQuantized", [name + ".q", gather.input[1], name + ".qscales"], list(gather.output),
         name=gather.name + ".quantized", domain=MS_DOMAIN, gather_axis=0, quantize_axis=1,
-        block_size=chosen.block_size, bits=chosen.bits)
+        block_size=blocks.block, bits=blocks.bits)
     set_nodes(model, [replacement if n is gather else n for n in model.graph.node])
     use_ms_domain(model)
     data = draft.with_name(draft.name + ".data")
     data.unlink(missing_ok=True)
     onnx.save(model, str(draft), save_as_external_data=True, location=data.name)
-    return True
+    return blocks.bits
 
 
-def _tied_head_blocks(head: Path, table, form: ComputeForm):
-    """The LM head's blocks when they quantize exactly `table` (a tied embedding), else None."""
+def _tied_head_blocks(head: Path, table):
+    """The LM head's blocks (whatever their width: an int4 bundle may carry an 8-bit head from the
+    GGUF) when they quantize `table` (a tied embedding), else None."""
     import onnx
     from onnx import numpy_helper
 
@@ -205,8 +213,6 @@ def _tied_head_blocks(head: Path, table, form: ComputeForm):
             continue
         blocks = nbits.unpack(numpy_helper.to_array(inits[node.input[1]]),
                               numpy_helper.to_array(inits[node.input[2]]), attrs["bits"], attrs["block_size"])
-        if attrs["bits"] != form.bits or blocks.block != form.block_size:
-            continue
         # tied: the head's blocks quantize this very table (4-bit relative error ~0.1; an untied
         # head's weights are unrelated, error ~1.4)
         error = np.linalg.norm(blocks.dequantize() - table.T) / max(np.linalg.norm(table), 1e-12)

@@ -9,8 +9,9 @@ a call carries (the bundle's row check still decides):
   `concat(f, f)` of one frequency tensor (so their first half is the op's cache);
 * residual + norm: `Add` feeding `RMSNormalization` as ONNX Runtime's
   `SkipSimplifiedLayerNormalization`, which also returns the sum the residual stream reads;
-* sibling matmuls: `MatMulNBits` nodes reading the same activation (q/k/v, gate/up) as one node
-  over the weights concatenated along N and a `Split`: the activation is quantized once.
+* sibling matmuls: MatMuls reading the same activation (q/k/v, gate/up) as one over the weights
+  concatenated along N and a `Split`, before quantizing: one `MatMulNBits` quantizes the
+  activation once.
 
 `tensorrt_form` undoes the first two for TensorRT, which runs neither contrib op.
 """
@@ -213,36 +214,30 @@ def fuse_skip_norms(model) -> int:
     return len(norms)
 
 
-# ---- sibling quantized matmuls -----------------------------------------------------------------
-
-def _sibling_key(node):
-    a = _attrs(node)
-    return node.input[0], a["K"], a["bits"], a["block_size"], a.get("accuracy_level", 0)
-
+# ---- sibling matmuls ---------------------------------------------------------------------------
 
 def fuse_sibling_matmuls(model) -> int:
-    """MatMulNBits nodes reading one activation (no zero points / bias) as one node and a Split."""
+    """Float MatMuls reading one activation with initializer weights [K, N] as one MatMul over the
+    weights concatenated along N and a Split; run before quantizing, so the quantizer (and a GGUF's
+    blocks, matched per column) makes one MatMulNBits whose columns are the separate ones'."""
     from onnx import helper, numpy_helper
 
     inits = {t.name: t for t in model.graph.initializer}
     groups = collections.defaultdict(list)
     for node in model.graph.node:
-        if node.op_type == "MatMulNBits" and len(node.input) == 3 and all(i in inits for i in node.input[1:]):
-            groups[_sibling_key(node)].append(node)
+        weight = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
+        if weight is not None and len(weight.dims) == 2:
+            groups[node.input[0], weight.dims[0]].append(node)
     replaced = {}
-    for key, siblings in groups.items():
+    for (x, _), siblings in groups.items():
         if len(siblings) < 2:
             continue
         name = siblings[0].name + ".fused"
-        widths = [_attrs(n)["N"] for n in siblings]
-        b = np.concatenate([numpy_helper.to_array(inits[n.input[1]]) for n in siblings])      # [N, nb, blob]
-        s = np.concatenate([numpy_helper.to_array(inits[n.input[2]]).reshape(-1) for n in siblings])
-        model.graph.initializer.extend([numpy_helper.from_array(b, name + ".q"),
-                                        numpy_helper.from_array(s, name + ".scales"),
-                                        numpy_helper.from_array(np.array(widths, np.int64), name + ".split")])
-        matmul = helper.make_node("MatMulNBits", [key[0], name + ".q", name + ".scales"], [name + ".out"],
-                                  name=name, domain=MS_DOMAIN, K=key[1], N=sum(widths), bits=key[2],
-                                  block_size=key[3], accuracy_level=key[4])
+        weights = [numpy_helper.to_array(inits[n.input[1]]) for n in siblings]          # [K, N_i]
+        model.graph.initializer.extend([
+            numpy_helper.from_array(np.concatenate(weights, axis=1), name + ".weight"),
+            numpy_helper.from_array(np.array([w.shape[1] for w in weights], np.int64), name + ".split")])
+        matmul = helper.make_node("MatMul", [x, name + ".weight"], [name + ".out"], name=name)
         split = helper.make_node("Split", [name + ".out", name + ".split"], [n.output[0] for n in siblings],
                                  name=name + ".split", axis=-1)
         replaced[id(siblings[0])] = [matmul, split]

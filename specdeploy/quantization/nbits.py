@@ -3,6 +3,10 @@
 Layout (symmetric, no zero-point input): for a weight W [K, N] of `x @ W`, blocks run along K per
 output column n; B is uint8 [N, K/block, block*bits/8] holding q + 2^(bits-1) (4 bits: two per
 byte, the even element in the low nibble), scales float32 [N * K/block]; W[k, n] = scale * q.
+Blocks with a float minimum (GGUF Q4_1: W = d * q + m, q in 0..15) keep it as a float offset per
+32 weights of K, W[k, n] = scale * q + offset[n, k // 32]: MatMulNBits computes the first term
+and `offset_nodes` the second (sum of x over each 32 of K, times the offsets), which keeps the
+kernel's fast integer path (float zero points run a ~70x slower one).
 The same bytes serve `GatherBlockQuantized` (the tied embedding reads the LM head's weights).
 4-bit scales may be negative (see `quantize`); tensorrt_form flips those blocks for TensorRT.
 """
@@ -17,11 +21,15 @@ from .rewrites import MS_DOMAIN
 MSE_FACTORS = np.linspace(0.70, 1.0, 13, dtype=np.float32)  # shrunken ranges tried per block
 
 
+OFFSET_BLOCK = 32  # weights of K sharing one float offset (GGUF's block)
+
+
 @dataclass(frozen=True)
 class Blocks:
     q: np.ndarray       # int8 [N, K/block, block], in [-2^(bits-1), 2^(bits-1) - 1]
     scales: np.ndarray  # float32 [N, K/block]
     bits: int
+    offsets: np.ndarray | None = None  # float32 [N, K/32], or None: symmetric
 
     @property
     def block(self) -> int:
@@ -30,7 +38,10 @@ class Blocks:
     def dequantize(self) -> np.ndarray:
         """W [K, N] as float32."""
         n, nb, block = self.q.shape
-        return (self.q.astype(np.float32) * self.scales[..., None]).reshape(n, nb * block).T
+        w = (self.q.astype(np.float32) * self.scales[..., None]).reshape(n, nb * block)
+        if self.offsets is not None:
+            w = w + np.repeat(self.offsets, OFFSET_BLOCK, axis=1)
+        return w.T
 
 
 def _blocks_of(w: np.ndarray, block: int) -> np.ndarray:
@@ -89,8 +100,9 @@ def unpack(b: np.ndarray, scales: np.ndarray, bits: int, block: int) -> Blocks:
     return Blocks(q, scales.reshape(b.shape[0], b.shape[1]).astype(np.float32), bits)
 
 
-def matmul_node(model, node, weight_name: str, blocks: Blocks, accuracy_level: int):
-    """Replace MatMul `node` (x @ initializer `weight_name`) by a MatMulNBits over `blocks`."""
+def matmul_node(model, node, weight_name: str, blocks: Blocks, accuracy_level: int, output: str | None = None):
+    """Replace MatMul `node` (x @ initializer `weight_name`) by a MatMulNBits over `blocks`
+    (writing `output` instead of the node's own output when given)."""
     from onnx import helper, numpy_helper
 
     b, scales = pack(blocks)
@@ -98,7 +110,35 @@ def matmul_node(model, node, weight_name: str, blocks: Blocks, accuracy_level: i
     b_name, s_name = f"{weight_name}.q{blocks.bits}", f"{weight_name}.scales"
     model.graph.initializer.extend([numpy_helper.from_array(b, b_name), numpy_helper.from_array(scales, s_name)])
     return helper.make_node(
-        "MatMulNBits", [node.input[0], b_name, s_name], list(node.output), name=node.name + ".nbits",
+        "MatMulNBits", [node.input[0], b_name, s_name], [output] if output else list(node.output),
+        name=node.name + ".nbits",
         domain=MS_DOMAIN, K=nb * blocks.block, N=n, bits=blocks.bits, block_size=blocks.block,
         accuracy_level=accuracy_level,
     )
+
+
+def offset_nodes(model, x: str, product: str, out: str, offsets: np.ndarray, sums: dict) -> list:
+    """Nodes adding `offsets` [N, K/32]'s term to MatMulNBits output `product`, as `out`.
+
+    x [B, S, K] is summed over each 32 of K once per activation (`sums`: activation -> its block
+    sums, shared by every matmul reading it); [B, S, K/32] @ offsets.T is a small float32 matmul
+    (an 8-bit MatMulNBits for it measured slower, and lost 2.5 points of top-1 agreement) whose
+    rows, like the Reshape / ReduceSum / Add around it, do not depend on how many a call carries
+    (row_check asserts it for every bundle).
+    """
+    from onnx import helper, numpy_helper
+
+    nodes = []
+    if x not in sums:
+        sums[x] = f"{x}.block_sums"
+        shape, axes = f"{x}.block_shape", f"{x}.block_axis"
+        model.graph.initializer.extend([
+            numpy_helper.from_array(np.array([0, 0, -1, OFFSET_BLOCK], np.int64), shape),
+            numpy_helper.from_array(np.array([-1], np.int64), axes)])
+        nodes += [helper.make_node("Reshape", [x, shape], [f"{x}.blocks"], name=f"{x}.blocks"),
+                  helper.make_node("ReduceSum", [f"{x}.blocks", axes], [sums[x]], name=sums[x], keepdims=0)]
+    table = f"{out}.offsets"
+    model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(offsets.T), table))  # [K/32, N]
+    nodes += [helper.make_node("MatMul", [sums[x], table], [f"{out}.offset"], name=f"{out}.offset"),
+              helper.make_node("Add", [product, f"{out}.offset"], [out], name=f"{out}.add_offset")]
+    return nodes

@@ -156,10 +156,11 @@ def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str,
         blocks = f" in blocks of {options.int4_block}" if plan[name] == "int4" and options.int4_block else ""
         echo(f"{name}: {plan[name]}{blocks}{lossless}")
     draft, head = plan[io_names.DRAFT], plan[io_names.HEAD]
-    if draft in COMPUTE_FORMS and head == draft and quantize_embedding(
-            tmp / manifest.graph(io_names.DRAFT).file, tmp / manifest.graph(io_names.HEAD).file, draft,
-            indexes.get(draft), options):
-        echo(f"embedding: {draft} (GatherBlockQuantized)")
+    bits = draft in COMPUTE_FORMS and head == draft and quantize_embedding(
+        tmp / manifest.graph(io_names.DRAFT).file, tmp / manifest.graph(io_names.HEAD).file, draft,
+        indexes.get(draft), options)
+    if bits:
+        echo(f"embedding: {bits}-bit blocks (GatherBlockQuantized)")
     return files, carried
 
 
