@@ -51,6 +51,7 @@ def test_int4_example_bundle_is_row_independent_exact_and_smaller(example_bundle
     plain for every source, the GGUF's Q4_1 weights carried (its Q8_0 tied embedding / head at 8
     bits), and the quality report's targets: top-1 agreement >= 90%, perplexity within 10%."""
     from specdeploy.bundle import manifest as manifest_io
+    from specdeploy.bundle.describe import describe
     from specdeploy.quantization.quantize import quantize
 
     lines = []
@@ -62,6 +63,7 @@ def test_int4_example_bundle_is_row_independent_exact_and_smaller(example_bundle
     q = manifest.quality
     assert q["greedy_identical"] and q["top1_agreement"] >= 0.9 and q["perplexity"] < 1.1 * q["perplexity_fp32"]
     assert sum(manifest.extra["gguf_carried_weights"].values()) == 30 * 4 + 1   # q/k/v, o, gate/up, down; head
+    assert "from GGUF   121 weights carried losslessly" in describe(bundle)
     with Engine(bundle) as engine:
         for prompt in PROMPTS:
             ids = engine.encode_prompt([{"role": "user", "content": prompt}])

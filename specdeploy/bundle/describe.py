@@ -23,6 +23,10 @@ def describe(bundle: Path) -> str:
         f"precision   {m.precision}" + (f" (int4 blocks of {m.extra['int4_block_size']})"
                                          if "int4_block_size" in m.extra else ""),
     ]
+    carried = m.extra.get("gguf_carried_weights") or {}
+    if any(carried.values()):
+        lines.append(f"from GGUF   {sum(carried.values())} weights carried losslessly from the source file's blocks ("
+                     + ", ".join(f"{k} {v}" for k, v in carried.items() if v) + ")")
     for name, g in m.graphs.items():
         layers = f" layers {g.kv_layers[0]}..{g.kv_layers[1] - 1}" if g.kv_layers else ""
         lines.append(f"graph       {name:<10} {g.file:<16} {g.precision}{layers}")
