@@ -19,25 +19,25 @@ scripts/setup_peers.sh
 for p in int8 int4; do
     [ -f "engine-$p.plan/manifest.json" ] || specdeploy quantize engine.plan --precision "$p" -o "engine-$p.plan"
 done
+# int4 re-rounded onto symmetric blocks (what ONNX Runtime GenAI's int4 does) beside the exact default
+[ -f int4-ort.plan/manifest.json ] || specdeploy quantize engine.plan --precision int4 --method ort -o int4-ort.plan
 .venv-peers/bin/specdeploy bench engine.plan --compare --also engine-int8.plan --also engine-int4.plan \
-    --model "$model" --repeats 3 --prompts-per-category 1 -o docs/bench/peers
+    --also int4-ort.plan --model "$model" --repeats 3 --prompts-per-category 1 -o docs/bench/peers
 specdeploy bench engine-int4.plan --greedy-only --prompts-per-category 4 --repeats 3 --no-plots -o docs/bench/int4-greedy
 python scripts/copy_length_ab.py engine-int4.plan --prompts-per-category 4 --repeats 3   # priced copies vs copy all
 python scripts/copy_length_ab.py engine.plan                                             # the same on fp32
-python scripts/memory_breakdown.py engine-int4.plan; python scripts/memory_breakdown.py engine.plan
-# what fusing and blocks of 32 each gave int4, and the quality of each form over 4 and 8 passages
+for b in engine-int4.plan int4-ort.plan engine.plan; do python scripts/memory_breakdown.py "$b"; done
+# what fusing and blocks of 32 each gave int4 (on the re-rounded form), and the quality of each form
 for v in "u16 --int4-block 16 --no-fuse" "f16 --int4-block 16" "u32 --int4-block 32 --no-fuse"; do
     set -- $v; name=$1; shift
-    rm -rf "int4-$name.plan"; specdeploy quantize engine.plan --precision int4 "$@" -o "int4-$name.plan" | grep "top-1"
+    rm -rf "int4-$name.plan"
+    specdeploy quantize engine.plan --precision int4 --method ort "$@" -o "int4-$name.plan" | grep "top-1"
 done
 .venv-peers/bin/specdeploy bench int4-u16.plan --compare --also int4-f16.plan --also int4-u32.plan \
-    --also engine-int4.plan --peers hf --model "$model" --repeats 3 --prompts-per-category 1 --no-plots -o docs/bench/fusion-ab
-for m in mse ort; do
-    rm -rf "int4-$m.plan"; specdeploy quantize engine.plan --precision int4 --method "$m" -o "int4-$m.plan" | grep "top-1"
-done
+    --also int4-ort.plan --peers hf --model "$model" --repeats 3 --prompts-per-category 1 --no-plots -o docs/bench/fusion-ab
 rm -rf int8-unfused.plan; specdeploy quantize engine.plan --precision int8 --no-fuse -o int8-unfused.plan | grep "top-1"
-python scripts/quality_compare.py engine.plan engine-int8.plan int8-unfused.plan engine-int4.plan int4-mse.plan \
-    int4-ort.plan int4-u16.plan
+python scripts/quality_compare.py engine.plan engine-int8.plan int8-unfused.plan engine-int4.plan int4-ort.plan \
+    int4-u16.plan
 for p in fp16 fp8; do
     rm -rf "cal-$p.plan"
     specdeploy quantize cal.plan --precision "$p" -o "cal-$p.plan" | grep "top-1 agreement"

@@ -10,7 +10,8 @@ largest magnitude is positive) are stored with both signs flipped, in INT8 where
 need +8 (so an int4 graph's TensorRT weights may be INT8: exact values, twice the bytes), and
 refused where 8 bits would need +128 (ONNX Runtime's own 8-bit quantizer), so values stay exact.
 The fused rotary and residual-norm nodes of the ONNX Runtime graph go back to standard ops first
-(fusion.unfuse); fused sibling matmuls stay one MatMul and a Split.
+(fusion.unfuse); fused sibling matmuls stay one MatMul and a Split, and a GGUF Q4_1 weight's
+offset term (nbits.offset_nodes) is standard ops already and stays as it is.
 """
 from __future__ import annotations
 
