@@ -23,6 +23,10 @@ done
 [ -f int4-ort.plan/manifest.json ] || specdeploy quantize engine.plan --precision int4 --method ort -o int4-ort.plan
 .venv-peers/bin/specdeploy bench engine.plan --compare --also engine-int8.plan --also engine-int4.plan \
     --also int4-ort.plan --model "$model" --repeats 3 --prompts-per-category 1 -o docs/bench/peers
+for i in 1 2 3; do   # the exact int4 against llama.cpp, three runs in a row
+    .venv-peers/bin/specdeploy bench engine-int4.plan --compare --also int4-ort.plan --peers llama.cpp,ortgenai-int4 \
+        --model "$model" --repeats 3 --prompts-per-category 1 --no-plots -o "docs/bench/int4-vs-llamacpp/$i"
+done
 specdeploy bench engine-int4.plan --greedy-only --prompts-per-category 4 --repeats 3 --no-plots -o docs/bench/int4-greedy
 python scripts/copy_length_ab.py engine-int4.plan --prompts-per-category 4 --repeats 3   # priced copies vs copy all
 python scripts/copy_length_ab.py engine.plan                                             # the same on fp32
