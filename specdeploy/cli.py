@@ -76,8 +76,10 @@ def _precision_options(choices=PRECISION, default="fp32"):
         f = click.option("--draft-precision", type=PRECISION, default=None,
                          help="Override for the draft graph and draft head.")(f)
         f = click.option("--method", type=click.Choice(QUANT_METHODS), default="rtn", show_default=True,
-                         help="How int4/int8 blocks are rounded: round to nearest, per-block squared-error "
-                              "scales, or ONNX Runtime's own quantizer (no exact TensorRT form at int8).")(f)
+                         help="How int4/int8 blocks are rounded where a GGUF's own blocks do not carry over: "
+                              "round to nearest, per-block squared-error scales, each 32's [min, max] with a "
+                              "float offset (Q4_1's form: most accurate, slower), or ONNX Runtime's own "
+                              "quantizer for every weight, GGUF or not (no exact TensorRT form at int8).")(f)
         return click.option("--precision", type=choices, default=default, required=default is None,
                             show_default=default is not None,
                             help="int4/int8: integer compute (MatMulNBits); fp16/fp8: weight-only.")(f)

@@ -10,12 +10,14 @@ from specdeploy.quantization.quantize import graph_precisions, quantize
 from specdeploy.runtime.engine import Engine
 
 
-@pytest.fixture(scope="module", params=["int8", "int4", "fp8", "fp16", "mixed"])
+@pytest.fixture(scope="module", params=["int8", "int4", "int4-minmax", "fp8", "fp16", "mixed"])
 def quantized(request, tiny_bundle, tmp_path_factory):
     out = tmp_path_factory.mktemp("q") / request.param
     lines = []
     if request.param == "mixed":
         quantize(tiny_bundle, out, "fp32", draft_precision="int8", verify_precision="fp32", echo=lines.append)
+    elif request.param == "int4-minmax":
+        quantize(tiny_bundle, out, "int4", method="minmax", echo=lines.append)
     else:
         quantize(tiny_bundle, out, request.param, echo=lines.append)
     return request.param, out, lines
@@ -29,7 +31,7 @@ def test_quantized_bundle_is_exact_and_reports_quality(quantized):
     # int4 on a tiny random model (weights ~N(0, 0.3), 64 wide) is near chance: its quality is
     # checked on the real model (test_example_model), the rest of the report here
     assert q["greedy_identical"] and 0.0 <= q["top1_agreement"] <= 1.0 and q["perplexity"] > 0
-    if kind != "int4":
+    if not kind.startswith("int4"):
         assert q["top1_agreement"] > 0.5
     assert any("top-1 agreement" in line for line in lines)
     with Engine(bundle) as engine:
@@ -47,11 +49,12 @@ def test_graph_ops_match_precision(quantized):
     draft = onnx.load(str(bundle / m.graph("draft").file), load_external_data=False)
     ops = {n.op_type for n in draft.graph.node}
     types = {t.data_type for t in draft.graph.initializer}
-    if kind in ("int8", "int4", "mixed"):
-        # integer compute: every weight matmul is MatMulNBits, none is left in float
-        bits = {"int4": 4}.get(kind, 8)
+    if kind in ("int8", "int4", "int4-minmax", "mixed"):
+        # integer compute: every weight matmul is MatMulNBits, none is left in float (but the
+        # minmax offset terms' small [K/32, N] tables)
+        bits = 4 if kind.startswith("int4") else 8
         nbits = [n for n in draft.graph.node if n.op_type == "MatMulNBits"]
-        weights = {t.name for t in draft.graph.initializer}
+        weights = {t.name for t in draft.graph.initializer if not t.name.endswith(".offsets")}
         weights |= {n.output[0] for n in draft.graph.node if n.op_type == "Transpose" and n.input[0] in weights}
         float_weight_matmuls = [n.name for n in draft.graph.node
                                 if n.op_type == "MatMul" and set(n.input) & weights]
@@ -61,12 +64,16 @@ def test_graph_ops_match_precision(quantized):
             assert attrs["bits"] == bits and attrs["accuracy_level"] == 4
             # int4: the largest block that is row-independent on this machine (checked below)
             assert attrs["block_size"] == (m.extra["int4_block_size"] if bits == 4 else 32)
-        if kind == "int4":
+        if kind.startswith("int4"):
             assert m.extra["int4_block_size"] in (16, 32)
+        offset_terms = [n for n in draft.graph.node if n.op_type == "MatMul" and n.input[1].endswith(".offsets")]
+        # minmax: one offset term a matmul, one block sum an activation (qkv, o, gate-up, down inputs)
+        assert len(offset_terms) == (8 if kind == "int4-minmax" else 0)
+        assert sum(n.op_type == "ReduceSum" for n in draft.graph.node) == len(offset_terms)
         # fused: rotary as one op, residual adds inside the norms, q/k/v and gate/up one matmul each
         assert {"RotaryEmbedding", "SkipSimplifiedLayerNormalization", "Split"} <= ops
         assert len(nbits) == 4 * 2  # two layers of four matmuls: qkv, o, gate-up, down
-        assert m.graph("draft").precision == ("int8" if kind == "mixed" else kind)
+        assert m.graph("draft").precision == {"mixed": "int8", "int4-minmax": "int4"}.get(kind, kind)
         assert m.row_check["passed"] and set(m.row_check["max_diff"].values()) == {0.0}
     if kind == "mixed":
         verify = onnx.load(str(bundle / m.graph("verify").file), load_external_data=False)
@@ -302,3 +309,37 @@ def test_the_tensorrt_form_of_a_q4_1_weight_keeps_its_offset_term():
     x = np.random.default_rng(5).normal(size=(1, 3, weight.shape[0])).astype(np.float32)
     np.testing.assert_allclose(_session(model, optimize=False).run(None, {"x": x})[0], x @ weight,
                                rtol=1e-4, atol=1e-4)
+
+
+def test_minmax_blocks_span_each_32_with_a_float_offset_and_beat_a_symmetric_grid_on_skewed_weights():
+    """--method minmax: every 32 of K on its own [min, max] grid (GGUF Q4_1's form) plus the offset
+    term; a skewed weight's error is well under the symmetric grid's, rows stay independent."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from specdeploy.quantization import compute, nbits
+
+    rng = np.random.default_rng(6)
+    k, n = 128, 64
+    weight = (rng.normal(size=(k, n)) * 0.5 + rng.uniform(-1, 1, size=(1, n))).astype(np.float32)  # [K, N]
+    for block in (16, 32):
+        blocks = nbits.quantize(weight, 4, block, "minmax")
+        assert blocks.block == block and blocks.offsets.shape == (n, k // 32)
+        assert np.abs(blocks.q).max() <= 8 and blocks.q.min() == -8 and blocks.q.max() == 7
+        step = np.repeat(blocks.scales, block, axis=1).T                          # [K, N]
+        assert np.all(np.abs(blocks.dequantize() - weight) <= step / 2 * 1.0001)
+    sym = np.abs(nbits.quantize(weight, 4, 32, "absmax").dequantize() - weight).mean()
+    assert np.abs(nbits.quantize(weight, 4, 32, "minmax").dequantize() - weight).mean() < 0.75 * sym
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, None, k])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, None, n])
+    model = helper.make_model(
+        helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="m")], "g", [x], [y],
+                          [numpy_helper.from_array(weight, "w")]),
+        opset_imports=[helper.make_opsetid("", 24)])
+    compute._own_blocks(model, compute.ComputeForm(bits=4, block_size=16), "minmax")
+    assert [nd.op_type for nd in model.graph.node] == ["MatMulNBits", "Reshape", "ReduceSum", "MatMul", "Add"]
+    session, rows = _session(model), 4
+    xs = rng.normal(size=(1, rows, k)).astype(np.float32)
+    many = session.run(None, {"x": xs})[0]
+    np.testing.assert_array_equal(many, np.concatenate(
+        [session.run(None, {"x": xs[:, i:i + 1]})[0] for i in range(rows)], axis=1))

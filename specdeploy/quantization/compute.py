@@ -13,7 +13,9 @@ beside the MatMulNBits (nbits.offset_nodes), Q8_0 tensors at 8 bits even in an i
 Methods (all in MatMulNBits' layout, same kernels): "rtn" rounds to nearest with each block's
 largest magnitude on the grid (nbits.py: at 4 bits on -8, ONNX Runtime's grid; at 8 bits over
 +-127 with positive scales, so TensorRT can hold it exactly); "mse" picks each block's scale by
-squared error; "ort" is ONNX Runtime's own quantizer (matmul_nbits_quantizer, RTN), whose 8-bit
+squared error; "minmax" spans each 32's [min, max] with a float offset (GGUF Q4_1's form, the
+offset term beside the MatMulNBits: nbits.offset_nodes), the most accurate where a GGUF's own
+blocks do not map; "ort" is ONNX Runtime's own quantizer (matmul_nbits_quantizer, RTN), whose 8-bit
 blocks reach -128 with negative scales and so have no exact TensorRT form.
 ONNX Runtime's HQQ was measured and is not offered: its float zero points run a ~9x slower path
 whose rows are not independent.
@@ -127,6 +129,8 @@ def _blocks(w, form: ComputeForm, method: str, index):
     carried = index.blocks(w, form.block_size) if index is not None else None
     if carried is not None:
         return carried, True
+    if method == "minmax" and w.shape[0] % nbits.OFFSET_BLOCK:
+        method = "absmax"  # offsets come per 32 of K
     return nbits.quantize(w, form.bits, form.block_size, method), False
 
 

@@ -52,9 +52,11 @@ def _blocks_of(w: np.ndarray, block: int) -> np.ndarray:
 
 
 def quantize(w: np.ndarray, bits: int, block: int, method: str = "mse") -> Blocks:
-    """Symmetric block quantization of W [K, N]; "mse" picks each block's scale from a few shrunken
-    ranges by squared error (clipping the largest value can cut the error of all the others),
-    "absmax" maps each block's largest magnitude onto the grid."""
+    """Block quantization of W [K, N]; "mse" picks each block's scale from a few shrunken ranges by
+    squared error (clipping the largest value can cut the error of all the others), "absmax" maps
+    each block's largest magnitude onto the grid (both symmetric), "minmax" is quantize_minmax."""
+    if method == "minmax":
+        return quantize_minmax(w, bits, block)
     x = _blocks_of(np.asarray(w, np.float32), block)                 # [N, nb, block]
     top = 2 ** (bits - 1)
     # 4 bits: the largest magnitude goes to -8 whatever its sign (a negative scale where it is
@@ -79,6 +81,24 @@ def quantize(w: np.ndarray, bits: int, block: int, method: str = "mse") -> Block
             best_s, best_err = np.where(better, s, best_s), np.minimum(err, best_err)
     q = np.clip(np.rint(x / best_s), -top, top - 1).astype(np.int8)
     return Blocks(q, best_s[..., 0].astype(np.float32), bits)
+
+
+def quantize_minmax(w: np.ndarray, bits: int, block: int) -> Blocks:
+    """Asymmetric block quantization of W [K, N], GGUF Q4_1's form: each 32 of K spans its
+    [min, max] in 2^bits - 1 steps, its minimum kept as a float offset (offset_nodes), the steps
+    split into blocks of `block` (16 or 32) sharing the scale. Every level of the grid is used
+    where a symmetric grid wastes part of it on a skewed block."""
+    if OFFSET_BLOCK % block:
+        raise ValueError(f"minmax blocks are {OFFSET_BLOCK} wide; {block} does not divide them")
+    x = _blocks_of(np.asarray(w, np.float32), OFFSET_BLOCK)           # [N, nb, 32]
+    top, levels = 2 ** (bits - 1), 2 ** bits - 1
+    low, high = x.min(axis=-1), x.max(axis=-1)                        # [N, nb]
+    scale = np.where(high > low, (high - low) / np.float32(levels), np.float32(1.0)).astype(np.float32)
+    q = np.clip(np.rint((x - low[..., None]) / scale[..., None]), 0, levels) - top
+    n, nb, _ = x.shape
+    split = OFFSET_BLOCK // block
+    return Blocks(q.astype(np.int8).reshape(n, nb * split, block), np.repeat(scale, split, axis=1), bits,
+                  (low + np.float32(top) * scale).astype(np.float32))
 
 
 def pack(blocks: Blocks) -> tuple[np.ndarray, np.ndarray]:
