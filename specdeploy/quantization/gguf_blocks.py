@@ -6,7 +6,8 @@ in 0..15, an fp16 scale d and minimum m) is int4 the same way plus a float offse
 (nbits.offset_nodes). The float weights the exporter saw are these blocks dequantized (as gguf's
 own dequantize computes them), so a graph weight's column is matched to its GGUF row by its
 bytes — no name mapping, and the row order a loader may permute (Llama's q/k projections) does
-not matter. Other types (K-quants) do not map and are re-quantized by the chosen method.
+not matter. Other types (Q5_0 / Q5_1, the K-quants) are re-quantized by the chosen method; Q4_K's
+32-wide sub-blocks (a scale and a minimum each) would map onto the Q4_1 form, and are not carried yet.
 """
 from __future__ import annotations
 
