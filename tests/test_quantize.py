@@ -245,25 +245,32 @@ def test_int4_block_and_fusion_are_chosen_from_the_command_line(tiny_bundle, tmp
         ComputeOptions(int4_block=64)
 
 
+def _matmul_model(weight: np.ndarray):
+    """One MatMul x [1, S, K] @ weight [K, N] as an ONNX model."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    k, n = weight.shape
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, None, k])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, None, n])
+    return helper.make_model(
+        helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="m")], "g", [x], [y],
+                          [numpy_helper.from_array(weight, "w")]),
+        opset_imports=[helper.make_opsetid("", 24)])
+
+
 def _q4_1_matmul(rng, index: bool, k: int = 128, n: int = 96):
     """(weight [K, N] a Q4_1 tensor dequantized, carried count, model: x @ weight quantized to int4
     in blocks of 16 from the file's blocks when `index`, else re-rounded)."""
     import gguf
     import onnx
     from gguf import quants
-    from onnx import TensorProto, helper, numpy_helper
 
     from specdeploy.quantization import compute
     from specdeploy.quantization.gguf_blocks import BlockIndex
 
     raw = quants.quantize((rng.normal(size=(n, k)) + 0.3).astype(np.float32), gguf.GGMLQuantizationType.Q4_1)
     weight = np.ascontiguousarray(quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_1).T)   # [K, N]
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, None, k])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, None, n])
-    model = helper.make_model(
-        helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="m")], "g", [x], [y],
-                          [numpy_helper.from_array(weight, "w")]),
-        opset_imports=[helper.make_opsetid("", 24)])
+    model = _matmul_model(weight)
     carried = compute._own_blocks(model, compute.ComputeForm(bits=4, block_size=16), "absmax",
                                   BlockIndex([raw], "Q4_1") if index else None)
     onnx.checker.check_model(model)
@@ -314,8 +321,6 @@ def test_the_tensorrt_form_of_a_q4_1_weight_keeps_its_offset_term():
 def test_minmax_blocks_span_each_32_with_a_float_offset_and_beat_a_symmetric_grid_on_skewed_weights():
     """--method minmax: every 32 of K on its own [min, max] grid (GGUF Q4_1's form) plus the offset
     term; a skewed weight's error is well under the symmetric grid's, rows stay independent."""
-    from onnx import TensorProto, helper, numpy_helper
-
     from specdeploy.quantization import compute, nbits
 
     rng = np.random.default_rng(6)
@@ -330,12 +335,7 @@ def test_minmax_blocks_span_each_32_with_a_float_offset_and_beat_a_symmetric_gri
     sym = np.abs(nbits.quantize(weight, 4, 32, "absmax").dequantize() - weight).mean()
     assert np.abs(nbits.quantize(weight, 4, 32, "minmax").dequantize() - weight).mean() < 0.75 * sym
 
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, None, k])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, None, n])
-    model = helper.make_model(
-        helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="m")], "g", [x], [y],
-                          [numpy_helper.from_array(weight, "w")]),
-        opset_imports=[helper.make_opsetid("", 24)])
+    model = _matmul_model(weight)
     compute._own_blocks(model, compute.ComputeForm(bits=4, block_size=16), "minmax")
     assert [nd.op_type for nd in model.graph.node] == ["MatMulNBits", "Reshape", "ReduceSum", "MatMul", "Add"]
     session, rows = _session(model), 4
