@@ -134,7 +134,8 @@ def test_quantizing_in_place_replaces_the_bundle_only_once_whole(tiny_bundle, tm
     assert manifest_io.read(bundle).precision == "int8"
 
 
-@pytest.mark.parametrize("kind, block", [("Q8_0", 32), ("Q4_0", 16), ("Q4_0", 32), ("Q4_1", 16), ("Q4_1", 32)])
+@pytest.mark.parametrize("kind, block", [("Q8_0", 32), ("Q5_0", 32), ("Q4_0", 16), ("Q4_0", 32), ("Q4_1", 16),
+                                         ("Q4_1", 32)])
 def test_gguf_blocks_are_carried_over_losslessly(kind, block):
     """A weight that is a GGUF tensor dequantized becomes MatMulNBits blocks holding the file's own
     4- or 8-bit values and scales, whatever order the loader put its rows in (Q4_1's minimum as a
@@ -152,8 +153,9 @@ def test_gguf_blocks_are_carried_over_losslessly(kind, block):
     weight = quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, kind)).T[:, order]  # [K, N]
     index = BlockIndex([raw], kind)
     blocks = index.blocks(np.ascontiguousarray(weight), block)
-    assert blocks is not None and blocks.bits == (8 if kind == "Q8_0" else 4)
-    assert blocks.block == (32 if kind == "Q8_0" else block)
+    wide = kind in ("Q8_0", "Q5_0")              # carried at 8 bits, in the file's blocks of 32
+    assert blocks is not None and blocks.bits == (8 if wide else 4)
+    assert blocks.block == (32 if wide else block)
     assert (blocks.offsets is not None) == (kind == "Q4_1")
     if kind == "Q4_1":   # the file's q and d exactly; m + 8d carries one float32 rounding
         d = raw.reshape(48, 2, 20)[order, :, :2].copy().view(np.float16)[..., 0].astype(np.float32)
@@ -343,3 +345,44 @@ def test_minmax_blocks_span_each_32_with_a_float_offset_and_beat_a_symmetric_gri
     many = session.run(None, {"x": xs})[0]
     np.testing.assert_array_equal(many, np.concatenate(
         [session.run(None, {"x": xs[:, i:i + 1]})[0] for i in range(rows)], axis=1))
+
+
+def test_gguf_q4_k_sub_blocks_are_carried_like_q4_1():
+    """Q4_K (super-blocks of 256: 8 sub-blocks of 32, each with its own scale and minimum) maps onto
+    the same int4 + offset form: the file's values to float32 rounding of the offsets."""
+    import gguf
+    from gguf import quants
+
+    from specdeploy.quantization.gguf_blocks import BlockIndex
+
+    rng = np.random.default_rng(7)
+    rows, supers = 16, 2                                     # 16 rows of 512 values
+    raw = rng.integers(0, 256, size=(rows, supers, 144), dtype=np.uint8)
+    raw[..., 0:2] = np.float16(0.01 + 0.02 * rng.random((rows, supers, 1))).view(np.uint8).reshape(rows, supers, 2)
+    raw[..., 2:4] = np.float16(0.005 + 0.01 * rng.random((rows, supers, 1))).view(np.uint8).reshape(rows, supers, 2)
+    raw = raw.reshape(rows, -1)
+    weight = quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_K).T                 # [K, N]
+    blocks = BlockIndex([raw], "Q4_K").blocks(np.ascontiguousarray(weight), 16)
+    assert blocks is not None and blocks.bits == 4 and blocks.block == 16
+    assert blocks.offsets.shape == (rows, 512 // 32) and np.unique(blocks.q).size == 16
+    np.testing.assert_allclose(blocks.dequantize(), weight, rtol=0, atol=1e-6 * np.abs(weight).max())
+
+
+def test_gguf_q6_k_values_are_carried_as_int8_blocks_of_16():
+    """Q6_K (super-blocks of 256: 16 sub-blocks of 16 six-bit values, an int8 scale each times the
+    fp16 d) holds integers int8 blocks of 16 hold exactly: the file's values, bitwise."""
+    import gguf
+    from gguf import quants
+
+    from specdeploy.quantization.gguf_blocks import BlockIndex
+
+    rng = np.random.default_rng(8)
+    rows, supers = 8, 2
+    raw = rng.integers(0, 256, size=(rows, supers, 210), dtype=np.uint8)
+    raw[..., 208:210] = np.float16(0.001 + 0.002 * rng.random((rows, supers, 1))).view(np.uint8).reshape(rows, supers, 2)
+    raw = raw.reshape(rows, -1)
+    weight = quants.dequantize(raw, gguf.GGMLQuantizationType.Q6_K).T                 # [K, N]
+    blocks = BlockIndex([raw], "Q6_K").blocks(np.ascontiguousarray(weight), 32)
+    assert blocks is not None and blocks.bits == 8 and blocks.block == 16 and blocks.offsets is None
+    assert blocks.q.min() >= -32 and blocks.q.max() <= 31
+    np.testing.assert_array_equal(blocks.dequantize(), weight)

@@ -3,11 +3,13 @@
 Q8_0 (32 int8 values and one fp16 scale per block) is int8 in blocks of 32; Q4_0 (32 values
 stored as q + 8, one fp16 scale) is int4 in two blocks of 16 sharing the scale; Q4_1 (32 values
 in 0..15, an fp16 scale d and minimum m) is int4 the same way plus a float offset per block
-(nbits.offset_nodes). The float weights the exporter saw are these blocks dequantized (as gguf's
-own dequantize computes them), so a graph weight's column is matched to its GGUF row by its
+(nbits.offset_nodes), and so is Q4_K, whose 32-wide sub-blocks each have a scale and a minimum;
+Q5_0 (5-bit values, one scale per 32) and Q6_K (6-bit values, a scale per 16) are int8 blocks of
+32 and 16 holding the same integers.
+The float weights the exporter saw are these blocks dequantized (as gguf's own dequantize
+computes them), so a graph weight's column is matched to its GGUF row by its
 bytes — no name mapping, and the row order a loader may permute (Llama's q/k projections) does
-not matter. Other types (Q5_0 / Q5_1, the K-quants) are re-quantized by the chosen method; Q4_K's
-32-wide sub-blocks (a scale and a minimum each) would map onto the Q4_1 form, and are not carried yet.
+not matter. Other types (Q5_1, Q2_K / Q3_K / Q5_K, ...) are re-quantized by the chosen method.
 """
 from __future__ import annotations
 
@@ -19,12 +21,15 @@ import numpy as np
 from .nbits import Blocks
 
 GGUF_BLOCK = 32
-# compute precision -> the GGUF types it takes exactly. An int4 bundle keeps a tensor the file
-# stores at 8 bits (Q8_0: the example's tied embedding / LM head) at 8 bits: re-rounding it to 4
-# would discard what the file holds, and llama.cpp runs it at 8 bits too.
-CARRIES = {"int8": ("Q8_0",), "int4": ("Q4_0", "Q4_1", "Q8_0")}
+# compute precision -> the GGUF types it takes exactly, each at the narrowest MatMulNBits width
+# that holds its values: 4-bit types at 4 bits, 5- to 8-bit ones (Q5_0, Q6_K, Q8_0) at 8 bits even
+# in an int4 bundle — re-rounding them to 4 would discard what the file holds (the example's Q8_0
+# tied embedding / LM head: 15 points of top-1), and llama.cpp runs them at their width too.
+CARRIES = {"int8": ("Q5_0", "Q6_K", "Q8_0"), "int4": ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q6_K", "Q8_0")}
+_WIDE = {"Q5_0", "Q6_K", "Q8_0"}  # carried at 8 bits
 _BODY = {"Q8_0": GGUF_BLOCK, "Q4_0": GGUF_BLOCK // 2, "Q4_1": GGUF_BLOCK // 2}  # bytes of values
 _HEADER = {"Q8_0": 2, "Q4_0": 2, "Q4_1": 4}                                      # fp16 d (and m)
+_Q4_K_BYTES = 2 + 2 + 12 + 128  # fp16 d, dmin; 8 packed 6-bit scales and minima; 256 nibbles
 
 
 def _decode(raw: np.ndarray, kind: str):
@@ -42,6 +47,55 @@ def _decode(raw: np.ndarray, kind: str):
         q = q - 8
     minimum = header[..., 1] if kind == "Q4_1" else None
     return np.ascontiguousarray(q), header[..., 0], minimum
+
+
+def _decode_q4_k(raw: np.ndarray):
+    """As `_decode`, for Q4_K: super-blocks of 256, each 8 sub-blocks of 32 with a 6-bit scale and
+    minimum times the super-block's fp16 d and dmin; the file's values are (d·sc)·q − dmin·m, a
+    Q4_1 block per 32 (scale d·sc, minimum −dmin·m), computed as gguf's dequantize does."""
+    from gguf.quants import Q4_K
+
+    rows = raw.shape[0]
+    blocks = raw.reshape(-1, _Q4_K_BYTES)                                        # [R, 144]
+    d = np.ascontiguousarray(blocks[:, 0:2]).view(np.float16).astype(np.float32)     # [R, 1]
+    dmin = np.ascontiguousarray(blocks[:, 2:4]).view(np.float16).astype(np.float32)  # [R, 1]
+    sc, mn = Q4_K.get_scale_min(np.ascontiguousarray(blocks[:, 4:16]))           # [R, 8] each
+    scale, minimum = d * sc.astype(np.float32), dmin * mn.astype(np.float32)      # [R, 8]
+    # each 32 bytes hold two sub-blocks: the even one in the low nibbles, the odd one in the high
+    qs = blocks[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+    q = (qs & 0x0F).reshape(rows, -1, GGUF_BLOCK).astype(np.int8)                # [rows, nb, 32]
+    return np.ascontiguousarray(q), scale.reshape(rows, -1), -minimum.reshape(rows, -1)
+
+
+def _decode_q5_0(raw: np.ndarray):
+    """As `_decode`, for Q5_0: 32 values of 5 bits (low nibbles, then a 32-bit word of high bits)
+    and an fp16 scale; the file's values are d·(q − 16), held exactly by int8 blocks of 32."""
+    rows = raw.shape[0]
+    blocks = raw.reshape(-1, 22)                                                 # [R, 22]
+    d = np.ascontiguousarray(blocks[:, 0:2]).view(np.float16).astype(np.float32)[:, 0]
+    high = np.ascontiguousarray(blocks[:, 2:6]).view(np.uint32)                  # [R, 1]
+    high = ((high >> np.arange(32, dtype=np.uint32)[None]) & 1).astype(np.uint8)  # [R, 32]
+    low = blocks[:, 6:].reshape(-1, 1, 16) >> np.array([0, 4], np.uint8).reshape(1, 2, 1)
+    q = ((low & 0x0F).reshape(-1, 32) | (high << 4)).astype(np.int8) - np.int8(16)
+    return q.reshape(rows, -1, GGUF_BLOCK), d.reshape(rows, -1), None
+
+
+def _decode_q6_k(raw: np.ndarray):
+    """As `_decode`, for Q6_K: super-blocks of 256 in 16 sub-blocks of 16 six-bit values, each with
+    an int8 scale times the fp16 d; the file's values are (d·sc)·(q − 32), held exactly by int8
+    blocks of 16. The bit layout is gguf's own dequantize's."""
+    rows = raw.shape[0]
+    blocks = raw.reshape(-1, 210)                                                # [R, 210]
+    ql, qh, sc = blocks[:, :128], blocks[:, 128:192], blocks[:, 192:208]
+    d = np.ascontiguousarray(blocks[:, 208:210]).view(np.float16).astype(np.float32)   # [R, 1]
+    scale = d * np.ascontiguousarray(sc).view(np.int8).astype(np.float32)          # [R, 16]
+    low = (ql.reshape(-1, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 0x0F
+    high = (qh.reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & 0x03
+    q = (low.reshape(-1, 8, 32) | (high.reshape(-1, 8, 32) << 4)).astype(np.int8) - np.int8(32)
+    return q.reshape(rows, -1, 16), scale.reshape(rows, -1), None
+
+
+_DECODERS = {"Q4_K": _decode_q4_k, "Q5_0": _decode_q5_0, "Q6_K": _decode_q6_k}
 
 
 def _values(q, d, m) -> np.ndarray:
@@ -69,9 +123,9 @@ class BlockIndex:
         self.add(tensors, kind)
 
     def add(self, tensors, kind: str) -> None:
-        bits = 8 if kind == "Q8_0" else 4
+        bits = 8 if kind in _WIDE else 4
         for raw in tensors:
-            q, d, m = _decode(raw, kind)
+            q, d, m = _DECODERS[kind](raw) if kind in _DECODERS else _decode(raw, kind)
             values = _values(q, d, m)
             if m is not None:
                 q, m = q - 8, m + np.float32(8) * d
@@ -98,13 +152,13 @@ class BlockIndex:
         """W [K, N] as the file's own blocks, or None unless every column matches one type's rows.
 
         4-bit blocks are re-split to `block` (16 or 32, sharing the file's scale); 8-bit ones keep
-        the file's 32.
+        the file's (32; 16 for Q6_K).
         """
         found = [self.rows.get(_row_key(w[:, n])) for n in range(w.shape[1])]
-        if not found or any(f is None for f in found) or len({(f[3], f[2] is None) for f in found}) > 1:
+        if not found or any(f is None for f in found) or len({(f[3], f[2] is None, f[0].shape) for f in found}) > 1:
             return None
-        q = np.stack([f[0] for f in found])                       # [N, K/32, 32]
-        scales = np.stack([f[1] for f in found])                  # [N, K/32]
+        q = np.stack([f[0] for f in found])                       # [N, K/b, b], b the file's block
+        scales = np.stack([f[1] for f in found])                  # [N, K/b]
         offsets = None if found[0][2] is None else np.stack([f[2] for f in found])  # [N, K/32]
         bits = found[0][3]
         split = GGUF_BLOCK // block if bits == 4 else 1
