@@ -73,3 +73,17 @@ def test_gemma3_serves_the_same_text(gemma):
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == local
     finally:
         server.stop()
+
+
+def test_gemma3_q4_k_m_is_carried_into_int4_exactly(gemma, tmp_path):
+    """Every weight of the Q4_K_M file (Q4_K with the offset term; Q5_0, Q6_K, Q8_0 as int8) comes
+    over as the file's own blocks: the int4 bundle is fp32's model to int8-activation noise."""
+    from specdeploy.quantization.quantize import quantize
+
+    bundle, _ = gemma
+    out = quantize(bundle, tmp_path / "int4", "int4", echo=lambda s: None)
+    m = manifest_io.read(out)
+    assert sum(m.extra["gguf_carried_weights"].values()) == 18 * 4 + 1   # q/k/v, o, gate/up, down; head
+    q = m.quality
+    assert m.row_check["passed"] and q["greedy_identical"]
+    assert q["top1_agreement"] >= 0.95 and q["perplexity"] < 1.05 * q["perplexity_fp32"]
