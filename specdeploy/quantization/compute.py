@@ -7,8 +7,9 @@ CPUs with AVX-512 VNNI but not on AVX2 alone (the one-row path is another kernel
 nowhere. So the forms here are symmetric int8 in blocks of 32 and symmetric int4 in blocks of 32
 where the bundle's row check passes, else 16 (integer zero points: float ones run a ~70x slower
 path); every bundle is checked row by row (runtime.row_check) before it is installed. A GGUF's
-own blocks are carried where they map (gguf_blocks.py): Q4_1's float minimum as an offset term
-beside the MatMulNBits (nbits.offset_nodes), Q8_0 tensors at 8 bits even in an int4 graph.
+own blocks are carried where they map (gguf_blocks.py): a Q4_1 / Q4_K float minimum as an offset
+term beside the MatMulNBits (nbits.offset_nodes), Q5_0 / Q6_K / Q8_0 tensors at 8 bits even in an
+int4 graph.
 
 Methods (all in MatMulNBits' layout, same kernels): "rtn" rounds to nearest with each block's
 largest magnitude on the grid (nbits.py: at 4 bits on -8, ONNX Runtime's grid; at 8 bits over

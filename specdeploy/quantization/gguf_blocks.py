@@ -24,7 +24,7 @@ GGUF_BLOCK = 32
 # compute precision -> the GGUF types it takes exactly, each at the narrowest MatMulNBits width
 # that holds its values: 4-bit types at 4 bits, 5- to 8-bit ones (Q5_0, Q6_K, Q8_0) at 8 bits even
 # in an int4 bundle — re-rounding them to 4 would discard what the file holds (the example's Q8_0
-# tied embedding / LM head: 15 points of top-1), and llama.cpp runs them at their width too.
+# tied embedding / LM head above all), and llama.cpp runs them at their width too.
 CARRIES = {"int8": ("Q5_0", "Q6_K", "Q8_0"), "int4": ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q6_K", "Q8_0")}
 _WIDE = {"Q5_0", "Q6_K", "Q8_0"}  # carried at 8 bits
 _BODY = {"Q8_0": GGUF_BLOCK, "Q4_0": GGUF_BLOCK // 2, "Q4_1": GGUF_BLOCK // 2}  # bytes of values
@@ -95,7 +95,9 @@ def _decode_q6_k(raw: np.ndarray):
     return q.reshape(rows, -1, 16), scale.reshape(rows, -1), None
 
 
-_DECODERS = {"Q4_K": _decode_q4_k, "Q5_0": _decode_q5_0, "Q6_K": _decode_q6_k}
+_DECODERS = {"Q4_0": lambda raw: _decode(raw, "Q4_0"), "Q4_1": lambda raw: _decode(raw, "Q4_1"),
+             "Q8_0": lambda raw: _decode(raw, "Q8_0"), "Q4_K": _decode_q4_k, "Q5_0": _decode_q5_0,
+             "Q6_K": _decode_q6_k}
 
 
 def _values(q, d, m) -> np.ndarray:
@@ -113,9 +115,9 @@ def _row_key(values: np.ndarray) -> bytes:
 class BlockIndex:
     """The GGUF rows of the types a precision carries, keyed by their dequantized float32 bytes.
 
-    A row is kept as (q int8 [nb, 32], scales [nb], offsets [nb] or None, bits) in MatMulNBits'
-    symmetric form: Q4_1's d * q + m (q in 0..15) becomes d * (q - 8) + (m + 8d), the offset
-    rounded once to float32 (nbits.offset_nodes adds it).
+    A row is kept as (q int8 [nb, b], scales [nb], offsets [nb] or None, bits), b the file's block
+    (32; 16 for Q6_K), in MatMulNBits' symmetric form: Q4_1's and Q4_K's d * q + m (q in 0..15)
+    becomes d * (q - 8) + (m + 8d), the offset rounded once to float32 (nbits.offset_nodes adds it).
     """
 
     def __init__(self, tensors, kind: str):
@@ -125,7 +127,7 @@ class BlockIndex:
     def add(self, tensors, kind: str) -> None:
         bits = 8 if kind in _WIDE else 4
         for raw in tensors:
-            q, d, m = _DECODERS[kind](raw) if kind in _DECODERS else _decode(raw, kind)
+            q, d, m = _DECODERS[kind](raw)
             values = _values(q, d, m)
             if m is not None:
                 q, m = q - 8, m + np.float32(8) * d
@@ -136,12 +138,12 @@ class BlockIndex:
     def from_file(cls, path: Path, precision: str) -> "BlockIndex | None":
         import gguf
 
+        by_kind = {}
+        for t in gguf.GGUFReader(str(path)).tensors:
+            if t.tensor_type.name in CARRIES[precision]:
+                by_kind.setdefault(t.tensor_type.name, []).append(t.data)
         index = None
-        for kind in CARRIES[precision]:
-            wanted = getattr(gguf.GGMLQuantizationType, kind)
-            tensors = [t.data for t in gguf.GGUFReader(str(path)).tensors if t.tensor_type == wanted]
-            if not tensors:
-                continue
+        for kind, tensors in by_kind.items():
             if index is None:
                 index = cls(tensors, kind)
             else:
