@@ -1,8 +1,11 @@
 """Where a bundle's resident memory goes: RSS (anonymous / file-backed) after each loading step.
 
-Usage: python scripts/memory_breakdown.py BUNDLE [--no-arena]
-Prints MB after the imports, the tokenizer, each ONNX Runtime session and its KV buffers, and the
-memory bench's two prompts (64 tokens, speculative); --no-arena turns ONNX Runtime's CPU arena off.
+Usage: python scripts/memory_breakdown.py BUNDLE [--arena] [--keep]
+Prints MB after the imports, the tokenizer, each ONNX Runtime session and its KV buffers, the
+weight-file pages handed back (as the runtime does once its sessions are built), and the memory
+bench's two prompts (64 tokens, speculative). The steps are the runtime's own (load_stages); --arena
+turns ONNX Runtime's CPU arena back on, --keep skips the heap trim and the page-out, to measure
+what each saves.
 Linux only (reads /proc/self/status).
 """
 from __future__ import annotations
@@ -20,13 +23,15 @@ def rss() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bundle", type=Path)
-    parser.add_argument("--no-arena", action="store_true")
+    parser.add_argument("--arena", action="store_true")
+    parser.add_argument("--keep", action="store_true")
     args = parser.parse_args()
     print(f"{'start':24s} {rss()}")
     import numpy  # noqa: F401
     import onnxruntime
 
     from specdeploy.backends import onnxruntime as backend
+    from specdeploy.backends.residency import page_out, trim_heap
     from specdeploy.bundle import manifest as manifest_io
     from specdeploy.config import GenerationConfig
     from specdeploy.prompts import BENCH_PROMPTS
@@ -42,12 +47,16 @@ def main() -> None:
     stages = {}
     for name, graph in m.graphs.items():
         options = backend.session_options()
-        options.enable_cpu_mem_arena = not args.no_arena
+        options.enable_cpu_mem_arena = args.arena
         session = onnxruntime.InferenceSession(str(args.bundle / graph.file), options,
                                                providers=["CPUExecutionProvider"])
+        if not args.keep:
+            trim_heap()
         print(f"{'session ' + name:24s} {rss()}")
         stages[name] = backend.OrtStage(name, session, graph, backend.allocate_kv(m, graph.layers))
         print(f"{'  + KV buffers':24s} {rss()}")
+    released = 0 if args.keep else page_out(args.bundle)
+    print(f"{'weight-file pages out':24s} {rss()}  ({released / 2**20:.0f} MB of mappings advised)")
     decoder = Decoder(SplitModel(m, stages))
     for category in ("chat", "summarisation"):
         text = BENCH_PROMPTS[category][0]

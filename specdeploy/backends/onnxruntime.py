@@ -16,6 +16,7 @@ from ..bundle.manifest import GraphInfo, Manifest
 from ..constants import PROVIDERS
 from ..errors import BackendError, ConfigError
 from .base import OutputBuffers
+from .residency import page_out, trim_heap, zeroed
 
 EXECUTION_PROVIDERS = dict(zip(PROVIDERS, ("CPUExecutionProvider", "CUDAExecutionProvider",
                                            "TensorrtExecutionProvider")))
@@ -32,8 +33,11 @@ def session_options(threads: int | None = None, log_severity: int = 3,
     `fold_dequantize` (weight-only fp8 graphs): dequantize the weights once at load instead of
     letting ONNX Runtime fuse them into kernels that quantize activations per call, whose results
     depend on how many rows a call carries and so break greedy identity with plain decoding.
+    No CPU arena: it kept 12 MB of the int4 example's peak that malloc serves as fast here (plain
+    and speculative tokens/s unchanged, fp32 and int4, docs/benchmarks.md).
     """
     so = ort.SessionOptions()
+    so.enable_cpu_mem_arena = False
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.intra_op_num_threads = threads or max(1, os.cpu_count() or 1)
@@ -98,11 +102,12 @@ class OrtStage:
 def allocate_kv(manifest: Manifest, layers: range, device: str = "cpu") -> dict:
     """Zeroed KV buffers `[1, Hkv, max_context, D]`, allocated once on the provider's device.
 
-    On the CPU the numpy arrays back the OrtValues directly; on a GPU the zeros are copied once.
+    On the CPU the numpy arrays back the OrtValues directly (resident only where rows are written);
+    on a GPU the zeros are copied once.
     """
     dtype = np.dtype(manifest.kv_dtype)
     return {
-        name: ort.OrtValue.ortvalue_from_numpy(np.zeros(manifest.kv_shape, dtype), device, 0)
+        name: ort.OrtValue.ortvalue_from_numpy(zeroed(manifest.kv_shape, dtype), device, 0)
         for name in io_names.kv_inputs(layers)
     }
 
@@ -146,5 +151,7 @@ def load_stages(bundle: Path, manifest: Manifest, provider: str | None = None, t
                 f"ONNX Runtime {ort.__version__} cannot load {path.name}: {str(exc).splitlines()[0]}; "
                 f"re-export the bundle with this version of specdeploy"
             ) from exc
+        trim_heap()  # before the next session's load peaks on top of what this one freed
         stages[name] = OrtStage(name, session, graph, allocate_kv(manifest, graph.layers, device))
+    page_out(bundle)  # every session has packed its weights: the file's copies need not stay resident
     return stages
