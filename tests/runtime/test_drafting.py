@@ -91,6 +91,14 @@ def test_hybrid_falls_back_to_the_faster_of_early_exit_and_plain():
     assert 1 <= clear.count("early") <= len(clear) // 200
 
 
+def test_hybrid_rechecks_a_standing_verdict_ever_more_rarely():
+    """Each re-check of a source that loses clearly costs ~2 plain steps: the interval doubles."""
+    picks = _picks(6000, early=(1, 0.05), plain=(1, 0.02))[10:]
+    checks = [i for i, pick in enumerate(picks) if pick == "early"]
+    assert 3 <= len(checks) <= 5  # after ~256, 512, 1024, 2048 choices (was every 256: 23)
+    assert all(b - a > 1.5 * (a - c) for c, a, b in zip(checks, checks[1:], checks[2:]))
+
+
 def test_hybrid_needs_a_margin_to_leave_plain_steps():
     picks = _picks(80, early=(101, 2.0), plain=(1, 0.02))  # early exit 1% faster: within the margin
     assert picks[10:].count(None) > 0.9 * len(picks[10:])
