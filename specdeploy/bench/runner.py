@@ -150,12 +150,14 @@ def run(config: BenchConfig) -> dict:
     prompt_set = prompt_sets.load_bench_prompts(config.prompts_file) if config.prompts_file else prompt_sets.bench_prompts()
     from . import memory
 
+    # first, while this process maps nothing: pages two processes share are never paged out
+    peak_memory = memory.compare(config.bundle, config.max_new_tokens)
     with Engine(config.bundle) as engine:
         categories = run_categories(engine, config, prompt_set)
         results = summarise(engine.manifest, categories, config)
         if 0.0 in config.temperatures:
             results["lookup_bound"] = lookup_bound(engine, categories, config.lookup_ngram)
-        results["memory"] = memory.compare(config.bundle, config.max_new_tokens)
+        results["memory"] = peak_memory
         if config.sweep:
             from .sweep import sweep
 
