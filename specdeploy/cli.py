@@ -202,13 +202,17 @@ def generate(bundle, prompt, max_tokens, temperature, greedy, top_k, top_p, seed
                    "(16 for bundles bound for AVX2 CPUs without VNNI).")
 @click.option("--no-fuse", is_flag=True,
               help="Keep the exported rotary, norm and matmul nodes unfused (to measure what fusing gains).")
+@click.option("--float-outliers/--no-float-outliers", default=None,
+              help="Compute activation outlier channels in float beside the integer matmuls (default: on for "
+                   "int8, +1-2 points of top-1 at ~8% of the speed; off for int4).")
 def quantize(bundle, precision, draft_precision, verify_precision, method, prompts_file, output, tensorrt,
-             int4_block, no_fuse):
+             int4_block, no_fuse, float_outliers):
     """Write a quantized copy of the fp32 BUNDLE and print its quality report."""
     from .quantization.compute import ComputeOptions
     from .quantization.quantize import quantize as run_quantize
 
-    options = ComputeOptions(int4_block=None if int4_block == "auto" else int(int4_block), fuse=not no_fuse)
+    options = ComputeOptions(int4_block=None if int4_block == "auto" else int(int4_block), fuse=not no_fuse,
+                             float_outliers=float_outliers)
     path = run_quantize(bundle, output, precision, draft_precision, verify_precision, prompts_file, click.echo,
                         method=method, tensorrt=tensorrt, options=options)
     click.echo(f"quantized bundle written to {path}")

@@ -70,3 +70,19 @@ def test_int4_example_bundle_is_row_independent_exact_and_smaller(example_bundle
             plain = engine.generate_ids(ids, GenerationConfig(max_new_tokens=32, speculative=False))
             for source in ("early_exit", "lookup", "hybrid"):
                 assert engine.generate_ids(ids, GenerationConfig(max_new_tokens=32, draft_source=source)) == plain
+
+
+@pytest.mark.slow
+def test_int8_example_bundle_keeps_activation_outliers_in_float(example_bundle, tmp_path):
+    """int8 on the real model computes its activation outlier channels in float (the down
+    projections' reach 4000x the median channel): the quality report's top-1 agreement target
+    (98%; 99.2% on the VNNI machine the docs record, whose integer kernels differ from AVX2's, so
+    held here at 97%) with perplexity within 2%, rows independent, greedy speculative == plain."""
+    from specdeploy.bundle import manifest as manifest_io
+    from specdeploy.quantization.quantize import quantize
+
+    bundle = quantize(example_bundle, tmp_path / "int8", "int8", echo=lambda line: None)
+    manifest = manifest_io.read(bundle)
+    q, found = manifest.quality, manifest.extra["float_outlier_channels"]
+    assert manifest.row_check["passed"] and found["verify"] > 100 and found["draft"] > 20
+    assert q["greedy_identical"] and q["top1_agreement"] >= 0.97 and q["perplexity"] < 1.02 * q["perplexity_fp32"]

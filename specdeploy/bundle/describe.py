@@ -27,6 +27,10 @@ def describe(bundle: Path) -> str:
     if any(carried.values()):
         lines.append(f"from GGUF   {sum(carried.values())} weights carried losslessly from the source file's blocks ("
                      + ", ".join(f"{k} {v}" for k, v in carried.items() if v) + ")")
+    outliers = m.extra.get("float_outlier_channels") or {}
+    if any(outliers.values()):
+        lines.append(f"outliers    {sum(outliers.values())} activation channels computed in float beside the "
+                     "integer matmuls (" + ", ".join(f"{k} {v}" for k, v in outliers.items() if v) + ")")
     for name, g in m.graphs.items():
         layers = f" layers {g.kv_layers[0]}..{g.kv_layers[1] - 1}" if g.kv_layers else ""
         lines.append(f"graph       {name:<10} {g.file:<16} {g.precision}{layers}")

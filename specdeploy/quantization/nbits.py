@@ -120,9 +120,10 @@ def unpack(b: np.ndarray, scales: np.ndarray, bits: int, block: int) -> Blocks:
     return Blocks(q, scales.reshape(b.shape[0], b.shape[1]).astype(np.float32), bits)
 
 
-def matmul_node(model, node, weight_name: str, blocks: Blocks, accuracy_level: int, output: str | None = None):
+def matmul_node(model, node, weight_name: str, blocks: Blocks, accuracy_level: int, output: str | None = None,
+                input: str | None = None):
     """Replace MatMul `node` (x @ initializer `weight_name`) by a MatMulNBits over `blocks`
-    (writing `output` instead of the node's own output when given)."""
+    (reading `input` instead of x and writing `output` instead of the node's own output when given)."""
     from onnx import helper, numpy_helper
 
     b, scales = pack(blocks)
@@ -130,7 +131,7 @@ def matmul_node(model, node, weight_name: str, blocks: Blocks, accuracy_level: i
     b_name, s_name = f"{weight_name}.q{blocks.bits}", f"{weight_name}.scales"
     model.graph.initializer.extend([numpy_helper.from_array(b, b_name), numpy_helper.from_array(scales, s_name)])
     return helper.make_node(
-        "MatMulNBits", [node.input[0], b_name, s_name], [output] if output else list(node.output),
+        "MatMulNBits", [input or node.input[0], b_name, s_name], [output] if output else list(node.output),
         name=node.name + ".nbits",
         domain=MS_DOMAIN, K=nb * blocks.block, N=n, bits=blocks.bits, block_size=blocks.block,
         accuracy_level=accuracy_level,

@@ -31,6 +31,7 @@ from ..bundle import io_names
 from ..bundle import manifest as manifest_io
 from ..constants import PRECISIONS
 from ..errors import ConfigError, RowDependenceError, require
+from . import outliers
 from .compute import FORMS as COMPUTE_FORMS, INT4_BLOCKS, ComputeOptions, quantize_embedding, quantize_graph
 from .rewrites import drop_activation_qdq, float_matmuls, fold_weight_transposes, int8_weights_to_fp8, to_fp16
 
@@ -121,10 +122,10 @@ def graph_precisions(manifest, precision: str, draft: str | None, verify: str | 
 
 
 def _quantize_graph(src: Path, dst: Path, precision: str, method: str, feeds, indexes,
-                    options: ComputeOptions) -> int:
+                    options: ComputeOptions, found: dict | None = None) -> int:
     """Quantize one graph; returns how many weights came losslessly from the source GGUF."""
     if precision in COMPUTE_FORMS:
-        return quantize_graph(src, dst, precision, method, indexes.get(precision), options)
+        return quantize_graph(src, dst, precision, method, indexes.get(precision), options, found)
     if precision == "fp8":
         _quantize_fp8(src, dst, _Reader(feeds))
     elif precision == "fp16":
@@ -145,16 +146,20 @@ def _gguf_indexes(manifest, plan: dict, method: str) -> dict:
 
 
 def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str, feeds, indexes,
-                     echo, options: ComputeOptions) -> tuple[dict, dict]:
+                     echo, options: ComputeOptions, found: dict) -> tuple[dict, dict]:
     """Each graph quantized into `tmp` (the tied embedding too); (files by stem, carried counts)."""
     files, carried = {}, {}
     for name, graph in manifest.graphs.items():
         src, dst = bundle / graph.file, tmp / graph.file
-        carried[name] = _quantize_graph(src, dst, plan[name], method, feeds.get(name), indexes, options)
+        carried[name] = _quantize_graph(src, dst, plan[name], method, feeds.get(name), indexes, options,
+                                        found.get(name))
         files[Path(graph.file).stem] = dst if plan[name] != "fp32" else src
         lossless = f" ({carried[name]} weights carried losslessly from the GGUF's own blocks)" if carried[name] else ""
         blocks = f" in blocks of {options.int4_block}" if plan[name] == "int4" and options.int4_block else ""
-        echo(f"{name}: {plan[name]}{blocks}{lossless}")
+        channels = found.get(name) or {}
+        kept = (f"; {sum(map(len, channels.values()))} activation outlier channels of {len(channels)} matmul "
+                f"inputs in float" if channels else "")
+        echo(f"{name}: {plan[name]}{blocks}{lossless}{kept}")
     draft, head = plan[io_names.DRAFT], plan[io_names.HEAD]
     bits = draft in COMPUTE_FORMS and head == draft and quantize_embedding(
         tmp / manifest.graph(io_names.DRAFT).file, tmp / manifest.graph(io_names.HEAD).file, draft,
@@ -183,11 +188,15 @@ def quantize_bundle(bundle: Path, precision: str, draft_precision: str | None = 
         raise ConfigError(f"{bundle} is already {manifest.precision}; quantize an fp32 bundle")
     plan = graph_precisions(manifest, precision, draft_precision, verify_precision)
     texts = texts or _calibration_texts(None)
-    feeds = _calibration_feeds(bundle, manifest, texts) if "fp8" in plan.values() else {}
+    wants = {n for n, p in plan.items() if p in COMPUTE_FORMS and options.outliers_for(p) and method != "ort"}
+    feeds = _calibration_feeds(bundle, manifest, texts) if wants or "fp8" in plan.values() else {}
+    found = {n: outliers.outlier_channels(outliers.channel_maxima(bundle / manifest.graph(n).file, feeds[n]))
+             for n in wants}
     indexes = _gguf_indexes(manifest, plan, method)
     with tempfile.TemporaryDirectory(dir=bundle.parent, prefix=".quantize-") as tmp:
         tmp = Path(tmp)
-        files, carried = _quantize_graphs(bundle, manifest, plan, tmp, method, feeds, indexes, echo, options)
+        files, carried = _quantize_graphs(bundle, manifest, plan, tmp, method, feeds, indexes, echo, options,
+                                          found)
         out = tmp / "bundle"
         out.mkdir()
         weights.share(files, out, manifest.weights)
@@ -199,6 +208,8 @@ def quantize_bundle(bundle: Path, precision: str, draft_precision: str | None = 
     if tensorrt:
         graphs = _tensorrt_forms(bundle, graphs, echo)
     extra = {**manifest.extra, "gguf_carried_weights": carried} if any(carried.values()) else manifest.extra
+    if any(found.values()):
+        extra = {**extra, "float_outlier_channels": {n: int(sum(map(len, c.values()))) for n, c in found.items()}}
     if "int4" in plan.values():
         extra = {**extra, "int4_block_size": options.int4_block or COMPUTE_FORMS["int4"].block_size}
     manifest = manifest.replace(graphs=graphs, precision=label, row_check=None, extra=extra)
