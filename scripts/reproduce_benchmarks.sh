@@ -28,9 +28,18 @@ for i in 1 2 3; do   # the exact int4 against llama.cpp, three runs in a row
         --model "$model" --repeats 3 --prompts-per-category 1 --no-plots -o "docs/bench/int4-vs-llamacpp/$i"
 done
 specdeploy bench engine-int4.plan --greedy-only --prompts-per-category 4 --repeats 3 --no-plots -o docs/bench/int4-greedy
+# activation outliers in float (the int8 default) against without, and int4 with them
+rm -rf int8-nofloat.plan int4-fo.plan
+specdeploy quantize engine.plan --precision int8 --no-float-outliers -o int8-nofloat.plan | grep "top-1"
+specdeploy quantize engine.plan --precision int4 --float-outliers -o int4-fo.plan | grep "top-1"
+.venv-peers/bin/specdeploy bench engine-int8.plan --compare --also int8-nofloat.plan --also engine-int4.plan \
+    --also int4-fo.plan --peers ortgenai-int8,ortgenai-int4,llama.cpp --model "$model" --repeats 3 \
+    --prompts-per-category 1 --no-plots -o docs/bench/float-outliers
+python scripts/quality_compare.py engine.plan engine-int8.plan int8-nofloat.plan engine-int4.plan int4-fo.plan
 python scripts/copy_length_ab.py engine-int4.plan --prompts-per-category 4 --repeats 3   # priced copies vs copy all
 python scripts/copy_length_ab.py engine.plan                                             # the same on fp32
-for b in engine-int4.plan int4-ort.plan engine.plan; do python scripts/memory_breakdown.py "$b"; done
+sync   # pages just written stay dirty, and a dirty page is not paged out
+for b in engine-int4.plan int4-ort.plan engine.plan engine-int8.plan int8-nofloat.plan; do python scripts/memory_breakdown.py "$b"; done
 # what fusing and blocks of 32 each gave int4 (on the re-rounded form), and the quality of each form
 for v in "u16 --int4-block 16 --no-fuse" "f16 --int4-block 16" "u32 --int4-block 32 --no-fuse"; do
     set -- $v; name=$1; shift

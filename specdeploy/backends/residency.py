@@ -12,6 +12,9 @@ sees: a page read later (an embedding row) is faulted back in from the file (`pa
 * After such frees, glibc may serve a large `np.zeros` from recycled heap and write every zero: the
   whole KV cache resident at once. `zeroed` maps fresh pages, resident only where rows are written.
 Linux (glibc) only; elsewhere, or on kernels older than 5.4, nothing is released and nothing changes.
+Pages of a file written moments ago stay dirty until written back and are not paged out (a bundle
+just quantized holds more until then); pages a kernel still reads (int8's MatMulNBits reads some of
+its mapped inputs every run) simply come back.
 """
 from __future__ import annotations
 
