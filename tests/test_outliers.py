@@ -92,3 +92,14 @@ def test_int8_bundles_compute_outlier_channels_in_float_and_stay_exact(tiny_bund
     assert len(gathers) >= 1
     off = quantize(tiny_bundle, tmp_path / "int4", "int4", report=False, echo=lambda line: None)
     assert "float_outlier_channels" not in manifest_io.read(off).extra  # int4: off unless asked
+
+
+def test_float_outliers_where_they_cannot_apply_is_a_clear_error(tiny_bundle, tmp_path):
+    from specdeploy.errors import ConfigError
+    from specdeploy.quantization.compute import ComputeOptions
+
+    for precision, method in (("int8", "ort"), ("fp16", "rtn")):
+        with pytest.raises(ConfigError, match="--float-outliers applies to int4 / int8"):
+            quantize(tiny_bundle, tmp_path / precision, precision, method=method, report=False,
+                     echo=lambda line: None, options=ComputeOptions(float_outliers=True))
+        assert not (tmp_path / precision).exists()

@@ -11,9 +11,7 @@
 Every quantized bundle passes the row-independence check (runtime.row_check) before it is
 installed: its greedy speculative output then equals its greedy plain output by construction.
 
-FP8 calibration feeds every graph real inputs (prompt tokens to the draft graph, the exit hidden
-states the draft graph produces to the verify graph, the hidden states that reach the heads): the
-quantizer needs them to trace the graphs, and they validate that each graph runs.
+Calibration data (fp8's calibrator, int4 / int8's activation outliers) comes from feeds.py.
 """
 from __future__ import annotations
 
@@ -24,65 +22,16 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
-
 from .. import prompts
 from ..bundle import io_names
 from ..bundle import manifest as manifest_io
 from ..constants import PRECISIONS
 from ..errors import ConfigError, RowDependenceError, require
-from . import outliers
+from . import feeds as feeds_io
 from .compute import FORMS as COMPUTE_FORMS, INT4_BLOCKS, ComputeOptions, quantize_embedding, quantize_graph
 from .rewrites import drop_activation_qdq, float_matmuls, fold_weight_transposes, int8_weights_to_fp8, to_fp16
 
 log = logging.getLogger("specdeploy")
-
-
-class _Reader:
-    """ONNX Runtime calibration data reader over a list of feed dicts, built lazily."""
-
-    def __init__(self, feeds: list[Callable[[], dict]]):
-        self.feeds = iter(feeds)
-
-    def get_next(self):
-        make = next(self.feeds, None)
-        return None if make is None else make()
-
-
-def _calibration_feeds(bundle: Path, manifest, texts: list[str],
-                       window: int = 32) -> dict[str, list[Callable[[], dict]]]:
-    """Per graph, feeds from running the fp32 bundle on fixed-size windows of the calibration texts.
-
-    Equal shapes let every calibrator (histograms too) merge its statistics across samples.
-    """
-    from ..runtime.engine import Engine
-
-    feeds = {name: [] for name in manifest.graphs}
-    with Engine(bundle) as engine:
-        stream = [t for text in texts for t in engine.encode_prompt(text)]
-        for start in range(0, len(stream) - window + 1, window):
-            ids = stream[start : start + window]
-            hidden_k = engine.model.draft_pass(ids, 0).copy()                      # [S, H]
-            final = engine.model.verify_pass(hidden_k, 0).copy()                       # [S, H]
-            feeds[io_names.DRAFT].append(_decoder_feed(manifest, io_names.DRAFT, io_names.INPUT_IDS,
-                                                       np.array([ids], np.int64)))
-            feeds[io_names.VERIFY].append(_decoder_feed(manifest, io_names.VERIFY, io_names.HIDDEN_IN, hidden_k[None]))
-            feeds[io_names.HEAD].append(lambda f=final: {io_names.HIDDEN_IN: f[None]})
-            if io_names.DRAFT_HEAD in manifest.graphs:
-                feeds[io_names.DRAFT_HEAD].append(lambda h=hidden_k: {io_names.HIDDEN_IN: h[None]})
-    return feeds
-
-
-def _decoder_feed(manifest, graph: str, first: str, value: np.ndarray) -> Callable[[], dict]:
-    def make():
-        rows = value.shape[1]
-        feed = {first: value, io_names.POSITION_IDS: np.arange(rows, dtype=np.int64)[None],
-                io_names.WRITE_INDEX: np.zeros(1, np.int64),
-                io_names.ATTENTION_MASK: np.ones((1, rows), np.int64)}
-        for name in io_names.kv_inputs(manifest.graph(graph).layers):
-            feed[name] = np.zeros(manifest.kv_shape, np.float32)
-        return feed
-    return make
 
 
 def _quantize_fp8(src: Path, dst: Path, reader) -> None:
@@ -127,7 +76,7 @@ def _quantize_graph(src: Path, dst: Path, precision: str, method: str, feeds, in
     if precision in COMPUTE_FORMS:
         return quantize_graph(src, dst, precision, method, indexes.get(precision), options, found)
     if precision == "fp8":
-        _quantize_fp8(src, dst, _Reader(feeds))
+        _quantize_fp8(src, dst, feeds_io.Reader(feeds))
     elif precision == "fp16":
         to_fp16(src, dst)
     return 0
@@ -187,11 +136,7 @@ def quantize_bundle(bundle: Path, precision: str, draft_precision: str | None = 
     if manifest.precision != "fp32":
         raise ConfigError(f"{bundle} is already {manifest.precision}; quantize an fp32 bundle")
     plan = graph_precisions(manifest, precision, draft_precision, verify_precision)
-    texts = texts or _calibration_texts(None)
-    wants = {n for n, p in plan.items() if p in COMPUTE_FORMS and options.outliers_for(p) and method != "ort"}
-    feeds = _calibration_feeds(bundle, manifest, texts) if wants or "fp8" in plan.values() else {}
-    found = {n: outliers.outlier_channels(outliers.channel_maxima(bundle / manifest.graph(n).file, feeds[n]))
-             for n in wants}
+    feeds, found = feeds_io.calibrate(bundle, manifest, plan, method, options, texts or feeds_io.calibration_texts(None))
     indexes = _gguf_indexes(manifest, plan, method)
     with tempfile.TemporaryDirectory(dir=bundle.parent, prefix=".quantize-") as tmp:
         tmp = Path(tmp)
@@ -234,13 +179,6 @@ def _tensorrt_forms(bundle: Path, graphs: dict, echo) -> dict:
     return out
 
 
-def _calibration_texts(prompts_file: Path | None) -> list[str]:
-    texts = [c[-1]["content"] for c in prompts.calibration_conversations(held_out=False)[::6]]
-    if prompts_file:
-        texts += [c[-1]["content"] for c in prompts.load_calibration_prompts(prompts_file)]
-    return texts
-
-
 def quantize_into(source: Path, target: Path, precision: str, draft_precision: str | None = None,
                   verify_precision: str | None = None, texts: list[str] | None = None,
                   echo: Callable[[str], None] = print, method: str = "rtn", tensorrt: bool = False,
@@ -272,7 +210,7 @@ def quantized_copy(source: Path, target: Path, precision: str, draft_precision: 
     The quality report (top-1 agreement with fp32 and perplexity on held-out text, acceptance,
     CPU tokens/s of plain and speculative decoding) is printed and stored in the manifest.
     """
-    texts = _calibration_texts(prompts_file)
+    texts = feeds_io.calibration_texts(prompts_file)
     quantize_into(source, target, precision, draft_precision, verify_precision, texts, echo, method, tensorrt,
                   options)
     if report:

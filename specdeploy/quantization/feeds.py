@@ -1,0 +1,86 @@
+"""What the fp32 bundle computes on the calibration text, for the calibrators that need it.
+
+FP8 calibration feeds every graph real inputs (prompt tokens to the draft graph, the exit hidden
+states the draft graph produces to the verify graph, the hidden states that reach the heads): the
+quantizer needs them to trace the graphs, and they validate that each graph runs. The same feeds
+find int4 / int8's activation outlier channels (outliers.py).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .. import prompts
+from ..bundle import io_names
+from ..errors import ConfigError
+from . import outliers
+from .compute import FORMS as COMPUTE_FORMS, ComputeOptions
+
+
+class Reader:
+    """ONNX Runtime calibration data reader over a list of feed dicts, built lazily."""
+
+    def __init__(self, feeds: list[Callable[[], dict]]):
+        self.feeds = iter(feeds)
+
+    def get_next(self):
+        make = next(self.feeds, None)
+        return None if make is None else make()
+
+
+def calibration_feeds(bundle: Path, manifest, texts: list[str],
+                       window: int = 32) -> dict[str, list[Callable[[], dict]]]:
+    """Per graph, feeds from running the fp32 bundle on fixed-size windows of the calibration texts.
+
+    Equal shapes let every calibrator (histograms too) merge its statistics across samples.
+    """
+    from ..runtime.engine import Engine
+
+    feeds = {name: [] for name in manifest.graphs}
+    with Engine(bundle) as engine:
+        stream = [t for text in texts for t in engine.encode_prompt(text)]
+        for start in range(0, len(stream) - window + 1, window):
+            ids = stream[start : start + window]
+            hidden_k = engine.model.draft_pass(ids, 0).copy()                      # [S, H]
+            final = engine.model.verify_pass(hidden_k, 0).copy()                       # [S, H]
+            feeds[io_names.DRAFT].append(decoder_feed(manifest, io_names.DRAFT, io_names.INPUT_IDS,
+                                                       np.array([ids], np.int64)))
+            feeds[io_names.VERIFY].append(decoder_feed(manifest, io_names.VERIFY, io_names.HIDDEN_IN, hidden_k[None]))
+            feeds[io_names.HEAD].append(lambda f=final: {io_names.HIDDEN_IN: f[None]})
+            if io_names.DRAFT_HEAD in manifest.graphs:
+                feeds[io_names.DRAFT_HEAD].append(lambda h=hidden_k: {io_names.HIDDEN_IN: h[None]})
+    return feeds
+
+
+def decoder_feed(manifest, graph: str, first: str, value: np.ndarray) -> Callable[[], dict]:
+    def make():
+        rows = value.shape[1]
+        feed = {first: value, io_names.POSITION_IDS: np.arange(rows, dtype=np.int64)[None],
+                io_names.WRITE_INDEX: np.zeros(1, np.int64),
+                io_names.ATTENTION_MASK: np.ones((1, rows), np.int64)}
+        for name in io_names.kv_inputs(manifest.graph(graph).layers):
+            feed[name] = np.zeros(manifest.kv_shape, np.float32)
+        return feed
+    return make
+
+
+def calibration_texts(prompts_file: Path | None) -> list[str]:
+    texts = [c[-1]["content"] for c in prompts.calibration_conversations(held_out=False)[::6]]
+    if prompts_file:
+        texts += [c[-1]["content"] for c in prompts.load_calibration_prompts(prompts_file)]
+    return texts
+
+
+def calibrate(bundle: Path, manifest, plan: dict, method: str, options: ComputeOptions,
+                 texts: list[str]) -> tuple[dict, dict]:
+    """(fp32 feeds per graph, for fp8's calibrator; activation outlier channels per int graph)."""
+    if options.float_outliers and (method == "ort" or not set(plan.values()) & set(COMPUTE_FORMS)):
+        raise ConfigError("--float-outliers applies to int4 / int8 graphs made by --method rtn, mse or "
+                          "minmax (ONNX Runtime's own quantizer, ort, writes its graphs whole); drop it")
+    wants = {n for n, p in plan.items() if p in COMPUTE_FORMS and options.outliers_for(p) and method != "ort"}
+    feeds = calibration_feeds(bundle, manifest, texts) if wants or "fp8" in plan.values() else {}
+    found = {n: outliers.outlier_channels(outliers.channel_maxima(bundle / manifest.graph(n).file, feeds[n]))
+             for n in wants}
+    return feeds, found
