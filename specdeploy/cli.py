@@ -204,7 +204,7 @@ def generate(bundle, prompt, max_tokens, temperature, greedy, top_k, top_p, seed
               help="Keep the exported rotary, norm and matmul nodes unfused (to measure what fusing gains).")
 @click.option("--float-outliers/--no-float-outliers", default=None,
               help="Compute activation outlier channels in float beside the integer matmuls (default: on for "
-                   "int8, +1-2 points of top-1 at ~8% of the speed; off for int4).")
+                   "int8, +1-2 points of top-1 at 8-10% of the speed; off for int4).")
 def quantize(bundle, precision, draft_precision, verify_precision, method, prompts_file, output, tensorrt,
              int4_block, no_fuse, float_outliers):
     """Write a quantized copy of the fp32 BUNDLE and print its quality report."""

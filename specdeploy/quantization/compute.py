@@ -61,7 +61,7 @@ class ComputeOptions:
     passes the row check here; a bundle for AVX2 devices made on an AVX-512 machine needs 16),
     whether the graphs are fused for ONNX Runtime (fusion.py; off only to measure what it gains),
     and whether activation outlier channels are computed in float (outliers.py; None: for int8,
-    where it buys top-1 agreement at ~8% of the speed, not for int4, bought for speed)."""
+    where it buys top-1 agreement at 8-10% of the speed, not for int4, bought for speed)."""
 
     int4_block: int | None = None
     fuse: bool = True
