@@ -9,7 +9,8 @@ where the bundle's row check passes, else 16 (integer zero points: float ones ru
 path); every bundle is checked row by row (runtime.row_check) before it is installed. A GGUF's
 own blocks are carried where they map (gguf_blocks.py): a Q4_1 / Q4_K float minimum as an offset
 term beside the MatMulNBits (nbits.offset_nodes), Q5_0 / Q6_K / Q8_0 tensors at 8 bits even in an
-int4 graph.
+int4 graph. Activation outlier channels, which would set their neighbours' int8 step, are computed
+in float beside the MatMulNBits (outliers.py; the int8 default).
 
 Methods (all in MatMulNBits' layout, same kernels): "rtn" rounds to nearest with each block's
 largest magnitude on the grid (nbits.py: at 4 bits on -8, ONNX Runtime's grid; at 8 bits over
