@@ -290,6 +290,13 @@ def _session(model, optimize: bool = True):
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
+def assert_rows_independent(session, x: np.ndarray) -> None:
+    """Each row of a call over x [1, S, K] is bitwise the row computed alone."""
+    many = session.run(None, {"x": x})[0]
+    alone = np.concatenate([session.run(None, {"x": x[:, i:i + 1]})[0] for i in range(x.shape[1])], axis=1)
+    np.testing.assert_array_equal(many, alone)
+
+
 def test_q4_1_blocks_compute_the_files_weights_with_rows_independent_of_the_call():
     """A Q4_1 weight becomes MatMulNBits over the file's 4-bit values plus the float offset term;
     with int8 activations it is several times closer to x @ W than the same weight re-rounded onto
@@ -303,9 +310,7 @@ def test_q4_1_blocks_compute_the_files_weights_with_rows_independent_of_the_call
     want = x @ weight
     error = lambda s: np.abs(s.run(None, {"x": x})[0] - want).max()          # noqa: E731
     assert error(exact) < error(rerounded) / 3
-    many = exact.run(None, {"x": x})[0]
-    alone = np.concatenate([exact.run(None, {"x": x[:, i:i + 1]})[0] for i in range(rows)], axis=1)
-    np.testing.assert_array_equal(many, alone)
+    assert_rows_independent(exact, x)
 
 
 def test_the_tensorrt_form_of_a_q4_1_weight_keeps_its_offset_term():
