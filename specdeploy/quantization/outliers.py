@@ -56,7 +56,7 @@ def channel_maxima(graph_file: Path, feeds: list[Callable[[], dict]]) -> dict[st
 
 def outlier_channels(maxima: dict[str, np.ndarray], factor: float = FACTOR,
                      max_fraction: float = MAX_FRACTION) -> dict[str, np.ndarray]:
-    """Per activation, the channels (largest first, sorted by index) to compute in float."""
+    """Per activation, the channels to compute in float (the largest, up to the cap; by index)."""
     chosen = {}
     for name, top in maxima.items():
         median = float(np.median(top))
