@@ -31,7 +31,7 @@ MADV_PAGEOUT = 21  # linux/mman-common.h, Linux >= 5.4
 
 def mapped_ranges(root: Path, maps: str = "/proc/self/maps") -> list[tuple[int, int]]:
     """[start, end) of every mapping in this process of a file under `root`."""
-    prefix = str(Path(root).resolve())
+    prefix = str(Path(root).resolve()).rstrip("/") + "/"  # not a sibling that shares the prefix
     ranges = []
     with open(maps) as lines:
         for line in lines:

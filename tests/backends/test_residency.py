@@ -67,6 +67,7 @@ def test_mapped_ranges_keeps_only_files_under_the_root(tmp_path):
         f"7f0000000000-7f0000010000 r--p 00000000 08:01 11 {tmp_path}/bundle/weights.bin\n"
         f"7f0000020000-7f0000030000 r--p 00010000 08:01 11 {tmp_path}/bundle/weights.bin\n"
         f"7f0000040000-7f0000050000 r-xp 00000000 08:01 12 /usr/lib/libc.so.6\n"
+        f"7f0000050000-7f0000060000 r--p 00000000 08:01 13 {tmp_path}/bundle-old/weights.bin\n"
         "7f0000060000-7f0000070000 rw-p 00000000 00:00 0 \n")
     assert mapped_ranges(tmp_path / "bundle", str(maps)) == [
         (0x7F0000000000, 0x7F0000010000), (0x7F0000020000, 0x7F0000030000)]
