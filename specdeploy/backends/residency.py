@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import mmap
 import sys
 from pathlib import Path
@@ -42,13 +43,18 @@ def mapped_ranges(root: Path, maps: str = "/proc/self/maps") -> list[tuple[int, 
     return ranges
 
 
+@functools.lru_cache(maxsize=1)
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc
+
+
 def page_out(root: Path) -> int:
     """Advises the kernel to reclaim the pages of files under `root`; returns the bytes advised."""
     if not sys.platform.startswith("linux"):
         return 0
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    advised = 0
+    libc, advised = _libc(), 0
     for start, end in mapped_ranges(root):
         if libc.madvise(start, end - start, MADV_PAGEOUT) != 0:
             return advised  # EINVAL: a kernel without MADV_PAGEOUT; the pages simply stay
@@ -59,7 +65,7 @@ def page_out(root: Path) -> int:
 def trim_heap() -> None:
     """Returns the heap's free pages to the kernel (glibc's malloc_trim); a no-op elsewhere."""
     if sys.platform.startswith("linux"):
-        trim = getattr(ctypes.CDLL(ctypes.util.find_library("c")), "malloc_trim", None)
+        trim = getattr(_libc(), "malloc_trim", None)
         if trim is not None:  # musl has none
             trim(0)
 
