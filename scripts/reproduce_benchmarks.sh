@@ -36,10 +36,14 @@ specdeploy quantize engine.plan --precision int4 --float-outliers -o int4-fo.pla
     --also int4-fo.plan --peers ortgenai-int8,ortgenai-int4,llama.cpp --model "$model" --repeats 3 \
     --prompts-per-category 1 --no-plots -o docs/bench/float-outliers
 python scripts/quality_compare.py engine.plan engine-int8.plan int8-nofloat.plan engine-int4.plan int4-fo.plan
+python scripts/outlier_channels.py engine.plan --top 30                    # the channels and their ratios
+python scripts/arena_ab.py engine-int4.plan; python scripts/arena_ab.py engine.plan --repeats 2   # arena off costs nothing
 python scripts/copy_length_ab.py engine-int4.plan --prompts-per-category 4 --repeats 3   # priced copies vs copy all
 python scripts/copy_length_ab.py engine.plan                                             # the same on fp32
 sync   # pages just written stay dirty, and a dirty page is not paged out
 for b in engine-int4.plan int4-ort.plan engine.plan engine-int8.plan int8-nofloat.plan; do python scripts/memory_breakdown.py "$b"; done
+python scripts/memory_breakdown.py engine.plan --keep   # what the heap trim returns
+for b in engine-int4.plan engine.plan; do python scripts/memory_breakdown.py "$b" --keep --arena; done   # none of it
 # what fusing and blocks of 32 each gave int4 (on the re-rounded form), and the quality of each form
 for v in "u16 --int4-block 16 --no-fuse" "f16 --int4-block 16" "u32 --int4-block 32 --no-fuse"; do
     set -- $v; name=$1; shift

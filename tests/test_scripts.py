@@ -58,3 +58,29 @@ def test_quality_compare_measures_each_bundle_over_each_text_length(tiny_bundle,
     bad = subprocess.run([sys.executable, script, str(tiny_bundle), str(tmp_path / "none")],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+
+
+def test_outlier_channels_lists_the_inputs_quantize_would_split(tiny_bundle):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "outlier_channels.py"), str(tiny_bundle), "--top", "3"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    head, *rows = out.stdout.splitlines()
+    assert head.endswith("channels") and " matmul inputs, " in head and len(rows) == 3
+    ratios = [float(row.split("median channel")[1].split("x")[0]) for row in rows]
+    assert ratios == sorted(ratios, reverse=True) and ratios[-1] >= 1.0
+
+
+def test_arena_ab_times_both_modes_on_both_engines(tiny_bundle):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "arena_ab.py"), str(tiny_bundle), "--repeats", "1",
+                          "--max-tokens", "8"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == ["plain", "speculative"]
+    assert all("no arena (default)" in line and "(1.000x)" in line and "arena:" in line for line in lines)

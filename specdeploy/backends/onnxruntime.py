@@ -34,7 +34,7 @@ def session_options(threads: int | None = None, log_severity: int = 3,
     letting ONNX Runtime fuse them into kernels that quantize activations per call, whose results
     depend on how many rows a call carries and so break greedy identity with plain decoding.
     No CPU arena: it kept 12 MB of the int4 example's peak that malloc serves as fast here (plain
-    and speculative tokens/s unchanged, fp32 and int4, docs/benchmarks.md).
+    and speculative tokens/s within 1.3%, fp32 and int4: scripts/arena_ab.py, docs/benchmarks.md).
     """
     so = ort.SessionOptions()
     so.enable_cpu_mem_arena = False

@@ -4,11 +4,11 @@ Three things, each measured on the example (scripts/memory_breakdown.py, docs/be
 * ONNX Runtime maps a bundle's page-aligned external initializers straight from the weights file.
 Kernels that prepack copy what they need at load; most release their mapped input then, but some
 keep it mapped although no run reads it again (on x86, MatMulNBits packs its scales beside the
-integers and still holds the original: 17 MB of the example's int4 bundle). Those pages are clean
+integers and still holds the original: 16 MB of the example's int4 bundle). Those pages are clean
 copies of the file, so `madvise(MADV_PAGEOUT)` may drop them without changing a byte any kernel
 sees: a page read later (an embedding row) is faulted back in from the file (`page_out`).
 * Building a session frees what its optimizer and prepacking no longer need, but glibc keeps the
-  freed heap pages (80 MB after the example's fp32 sessions); `trim_heap` returns them.
+  freed heap pages (111 MB after the example's fp32 sessions); `trim_heap` returns them.
 * After such frees, glibc may serve a large `np.zeros` from recycled heap and write every zero: the
   whole KV cache resident at once. `zeroed` maps fresh pages, resident only where rows are written.
 Linux (glibc) only; elsewhere, or on kernels older than 5.4, nothing is released and nothing changes.

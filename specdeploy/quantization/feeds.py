@@ -31,7 +31,7 @@ class Reader:
 
 
 def calibration_feeds(bundle: Path, manifest, texts: list[str],
-                       window: int = 32) -> dict[str, list[Callable[[], dict]]]:
+                      window: int = 32) -> dict[str, list[Callable[[], dict]]]:
     """Per graph, feeds from running the fp32 bundle on fixed-size windows of the calibration texts.
 
     Equal shapes let every calibrator (histograms too) merge its statistics across samples.
@@ -46,7 +46,7 @@ def calibration_feeds(bundle: Path, manifest, texts: list[str],
             hidden_k = engine.model.draft_pass(ids, 0).copy()                      # [S, H]
             final = engine.model.verify_pass(hidden_k, 0).copy()                       # [S, H]
             feeds[io_names.DRAFT].append(decoder_feed(manifest, io_names.DRAFT, io_names.INPUT_IDS,
-                                                       np.array([ids], np.int64)))
+                                                      np.array([ids], np.int64)))
             feeds[io_names.VERIFY].append(decoder_feed(manifest, io_names.VERIFY, io_names.HIDDEN_IN, hidden_k[None]))
             feeds[io_names.HEAD].append(lambda f=final: {io_names.HIDDEN_IN: f[None]})
             if io_names.DRAFT_HEAD in manifest.graphs:
@@ -74,7 +74,7 @@ def calibration_texts(prompts_file: Path | None) -> list[str]:
 
 
 def calibrate(bundle: Path, manifest, plan: dict, method: str, options: ComputeOptions,
-                 texts: list[str]) -> tuple[dict, dict]:
+              texts: list[str]) -> tuple[dict, dict]:
     """(fp32 feeds per graph, for fp8's calibrator; activation outlier channels per int graph)."""
     if options.float_outliers and (method == "ort" or not set(plan.values()) & set(COMPUTE_FORMS)):
         raise ConfigError("--float-outliers applies to int4 / int8 graphs made by --method rtn, mse or "

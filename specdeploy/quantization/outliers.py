@@ -2,8 +2,8 @@
 
 MatMulNBits (accuracy level 4) rounds each activation row to int8 per block of K, so one channel
 far larger than its neighbours sets its block's step and the other 31 round to a few levels. The
-example's matmul inputs have such channels in fixed places (down projections up to 4000x the
-median channel, at the first position; norm outputs 20-60x). Those channels are masked to zero
+example's matmul inputs have such channels in fixed places (down projections up to 4600x the
+median channel, norm outputs 15-60x: scripts/outlier_channels.py). Those channels are masked to zero
 before the MatMulNBits and their product is added in float32 from the same (dequantized) weight
 rows: x @ W = (x * mask) @ W + x[:, c] @ W[c, :]. Every op in the term (Mul, Gather, a small float
 matmul, Add) computes a row from that row alone, so rows stay independent (the bundle's row check
@@ -11,6 +11,7 @@ asserts it); the channels are found once, from the fp32 graphs on the calibratio
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Callable
 
@@ -69,11 +70,9 @@ def outlier_channels(maxima: dict[str, np.ndarray], factor: float = FACTOR,
 
 
 def symmetric_rows(blocks, channels: np.ndarray) -> np.ndarray:
-    """Rows `channels` [C, N] of the weight a MatMulNBits over `blocks` computes (scale x value;
-    an offset term, where there is one, reads the whole activation and stays as it is)."""
-    block = blocks.q.shape[2]
-    values = blocks.q[:, channels // block, channels % block].astype(np.float32)  # [N, C]
-    return np.ascontiguousarray((values * blocks.scales[:, channels // block]).T)
+    """Rows `channels` [C, N] of the weight a MatMulNBits over `blocks` computes (an offset term,
+    where there is one, reads the whole activation and stays as it is)."""
+    return np.ascontiguousarray(dataclasses.replace(blocks, offsets=None).dequantize()[channels])
 
 
 def outlier_nodes(model, x: str, k: int, product: str, out: str, rows: np.ndarray, channels: np.ndarray,
