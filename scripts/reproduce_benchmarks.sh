@@ -40,6 +40,7 @@ python scripts/outlier_channels.py engine.plan --top 30                    # the
 python scripts/arena_ab.py engine-int4.plan; python scripts/arena_ab.py engine.plan --repeats 2   # arena off costs nothing
 python scripts/copy_length_ab.py engine-int4.plan --prompts-per-category 4 --repeats 3   # priced copies vs copy all
 python scripts/copy_length_ab.py engine.plan                                             # the same on fp32
+python scripts/round_overhead.py engine-int4.plan --category qa                  # the drafter's choices between passes
 sync   # pages just written stay dirty, and a dirty page is not paged out
 for b in engine-int4.plan int4-ort.plan engine.plan engine-int8.plan int8-nofloat.plan; do python scripts/memory_breakdown.py "$b"; done
 python scripts/memory_breakdown.py engine.plan --keep   # what the heap trim returns

@@ -84,3 +84,16 @@ def test_arena_ab_times_both_modes_on_both_engines(tiny_bundle):
     lines = out.stdout.splitlines()
     assert [line.split()[0] for line in lines] == ["plain", "speculative"]
     assert all("no arena (default)" in line and "(1.000x)" in line and "arena:" in line for line in lines)
+
+
+def test_round_overhead_times_the_drafters_choices_while_decoding(tiny_bundle):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "round_overhead.py"), str(tiny_bundle),
+                          "--prompts", "2", "--max-tokens", "8", "--category", "summarisation"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    labels = {line[:24].strip() for line in out.stdout.splitlines()}
+    assert {"lookup search", "draft() -> plain step", "round (all kinds)"} <= labels
+    assert "100.00% of a round" in out.stdout

@@ -69,7 +69,11 @@ class CopyAcceptance:
         self.accepted[match, :accepted] += 1.0
 
     def expected_tokens(self, match: int, available: int) -> np.ndarray:
-        """Expected tokens a round emits when it copies d = 0..available tokens: [available + 1].
+        """Expected tokens a round emits when it copies d = 0..available tokens: [available + 1]."""
+        return self.expected_table(available)[match]
+
+    def expected_table(self, available: int) -> np.ndarray:
+        """Expected tokens by match length n and copy length d = 0..available: [n, available + 1].
 
         A position this match length has rarely reached borrows what every match length shows
         there: once a copy has been accepted, the next copied token usually is too (copied text
@@ -79,35 +83,60 @@ class CopyAcceptance:
         later = (self.accepted[:, 1:].sum() + hits) / (self.tried[:, 1:].sum() + tries)
         prior = np.full(available, later * tries)  # [available] prior hits per position
         prior[:1] = hits
-        keep = (self.accepted[match, :available] + prior) / (self.tried[match, :available] + tries)
-        return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(keep))])
+        keep = (self.accepted[:, :available] + prior) / (self.tried[:, :available] + tries)  # [n, d]
+        ones = np.ones((len(keep), 1))
+        return np.concatenate([ones, 1.0 + np.cumsum(np.cumprod(keep, axis=1), axis=1)], axis=1)
 
 
 class CopyLength:
-    """Chooses a greedy lookup round's length; 0 means a plain step pays better than any copy."""
+    """Chooses a greedy lookup round's length; 0 means a plain step pays better than any copy.
+
+    The lengths are priced into a table (by match length and tokens offered) every REFRESH
+    observed rounds rather than at every match: the measurements move a little each round, and
+    pricing them at every match cost more than a percent of a step on the CPU (cold caches after
+    each pass make a hundred small numpy calls slow), which lost what the copies won on text
+    that rarely repeats.
+    """
 
     MARGIN = 0.05        # a copy must beat a plain step by this much: the plain step is the safer choice
     EXPLORE_EVERY = 32   # every so many matches, copy one token more than pays, to keep learning
+    REFRESH = 16         # observed rounds between re-pricings of the table
 
     def __init__(self):
         self.costs, self.acceptance, self.choices = RowCosts(), CopyAcceptance(), 0
+        self.table: np.ndarray | None = None  # [n, offered] best copy length, None: re-price
+        self.observed = 0
 
     def observe(self, rows: int, match: int, drafted: int, accepted: int, seconds: float) -> None:
         """A plain (match 0, rows 1) or lookup round that took `seconds`."""
         self.costs.add(rows, seconds)
         if match and drafted:
             self.acceptance.add(match, drafted, accepted)
+        self.observed += 1
+        if self.observed % self.REFRESH == 0:
+            self.table = None
 
     def choose(self, match: int, available: int) -> int:
         self.choices += 1
-        if self.costs.weight[1] == 0:
-            return 0  # a plain round first: every copy is priced against it
-        prices = self.costs.seconds(available + 1)                                   # [d + 1]
-        if prices is None:
-            return available  # nothing to price longer rounds with yet: copy it all, and learn
-        rates = self.acceptance.expected_tokens(match, available) / prices          # tokens/s by d
-        best = int(rates.argmax())
-        best = best if best and rates[best] > rates[0] * (1 + self.MARGIN) else 0
+        table = self.table if self.table is not None else self._price()
+        best = int(table[match, available])
         if self.choices % self.EXPLORE_EVERY == 0:
             return min(best + 1, available)  # re-check one copy more than pays: the cheapest lesson
         return best
+
+    def _price(self) -> np.ndarray:
+        """Best copy length by match length and tokens offered: [n, offered]; kept once priced."""
+        shape = (MAX_NGRAM + 1, MAX_DRAFT_TOKENS + 1)
+        if self.costs.weight[1] == 0:
+            return np.zeros(shape, np.int64)  # a plain round first: every copy is priced against it
+        prices = self.costs.seconds(MAX_DRAFT_TOKENS + 1)                     # [d + 1]
+        if prices is None:  # nothing to price longer rounds with yet: copy it all, and learn
+            return np.broadcast_to(np.arange(MAX_DRAFT_TOKENS + 1), shape)
+        rates = self.acceptance.expected_table(MAX_DRAFT_TOKENS) / prices     # [n, d + 1] tokens/s
+        best_rate = np.maximum.accumulate(rates, axis=1)                    # [n, d + 1] over d' <= d
+        before = np.concatenate([np.full((len(rates), 1), -np.inf), best_rate[:, :-1]], axis=1)
+        record = np.where(rates > before, np.arange(rates.shape[1]), 0)      # a new best at d
+        best = np.maximum.accumulate(record, axis=1)                          # first argmax over d' <= d
+        table = np.where(best_rate > rates[:, :1] * (1 + self.MARGIN), best, 0)
+        self.table = table
+        return table

@@ -84,3 +84,39 @@ def test_match_lengths_are_priced_apart():
             d = policy.choose(match, 4)
             policy.observe(d + 1, match if d else 0, d, accept(d), 0.010 + 0.003 * d)
     assert policy.choose(1, 4) == 0 and policy.choose(4, 4) == 4
+
+
+def _priced_now(policy: CopyLength, match: int, available: int) -> int:
+    """The best length from the measurements as they stand: expected tokens per second of each."""
+    rates = policy.acceptance.expected_tokens(match, available) / policy.costs.seconds(available + 1)
+    best = int(rates.argmax())
+    return best if best and rates[best] > rates[0] * (1 + policy.MARGIN) else 0
+
+
+def test_the_priced_table_is_the_best_length_for_every_match_and_offer():
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        policy = CopyLength()
+        for _ in range(int(rng.integers(5, 80))):
+            d = int(rng.integers(0, 5))
+            match = int(rng.integers(1, 9)) if d else 0
+            policy.observe(d + 1, match, d, int(rng.integers(0, d + 1)), 0.01 + float(rng.random()) * 0.004 * d)
+        policy.observe(1, 0, 0, 0, 0.01)
+        table = policy._price()
+        for match in range(1, 9):
+            for available in range(1, 6):
+                assert table[match, available] == _priced_now(policy, match, available)
+
+
+def test_lengths_are_repriced_every_few_observed_rounds_not_at_every_match():
+    policy = CopyLength()
+    for _ in range(policy.REFRESH // 2):  # priced at the first match after these
+        policy.observe(1, 0, 0, 0, 0.010)
+        policy.observe(3, 2, 2, 2, 0.011)  # cheap rows, copies kept: copy what is offered
+    assert policy.choose(2, 2) == 2
+    for _ in range(policy.REFRESH - 1):
+        policy.observe(3, 2, 2, 0, 0.030)  # now rows are dear and copies rejected
+    assert policy.choose(2, 2) == 2       # the table stands until the next re-pricing
+    for _ in range(30):
+        policy.observe(3, 2, 2, 0, 0.030)
+    assert policy.choose(2, 2) == 0

@@ -44,6 +44,13 @@ def test_single_token_matches_copy_one_token_when_the_range_allows_them():
     assert find_continuation(np.array([5, 6, 7, 8, 5, 6]), 3, 1, 4)[0].tolist() == [7, 8, 5]  # n = 2: up to γ
 
 
+def test_lookup_search_ignores_byte_matches_across_tokens():
+    history = np.array([256, 0, 5, 1])  # the bytes of token 1 start inside token 256
+    assert find_continuation(history, 4, 1, 4)[1] == 0
+    history = np.array([1, 9, 256, 0, 1])
+    assert find_continuation(history, 4, 1, 4)[0].tolist() == [9]  # the aligned, earlier one
+
+
 @pytest.mark.parametrize("bad", [(3, 2), (0, 2), (1, 17), (True, 2), ("2", 4), (2,), 4, None])
 def test_bad_ngram_ranges_say_what_to_pass(bad):
     with pytest.raises(ConfigError, match=r"lookup_ngram=.*e\.g\. \(2, 4\)"):
@@ -138,12 +145,15 @@ def test_lookup_length_is_priced_at_greedy_only():
 
 
 def _reference_continuation(history, num_draft_tokens, ngram_min, ngram_max):
-    """The definition, searched the slow way: longest suffix n-gram first, its most recent match."""
+    """The definition, searched the slow way: longest suffix n-gram first, its most recent match,
+    and how many tokens ending there equal the last ones (at most max(8, ngram_max))."""
     for n in range(min(ngram_max, len(history) - 1), ngram_min - 1, -1):
         for at in range(len(history) - 1 - n, -1, -1):
             if history[at : at + n].tolist() == history[len(history) - n :].tolist():
-                return history[at + n : at + n + (num_draft_tokens if n > 1 else 1)].tolist()
-    return []
+                cap = min(max(8, ngram_max), at + n)
+                agree = next((k for k in range(cap) if history[at + n - 1 - k] != history[-1 - k]), cap)
+                return history[at + n : at + n + (num_draft_tokens if n > 1 else 1)].tolist(), agree
+    return [], 0
 
 
 def test_lookup_search_matches_its_definition():
@@ -152,5 +162,5 @@ def test_lookup_search_matches_its_definition():
         history = rng.integers(0, rng.integers(2, 8), rng.integers(1, 40))
         low = int(rng.integers(1, 4))
         high, gamma = int(rng.integers(low, 6)), int(rng.integers(1, 6))
-        tokens, _ = find_continuation(history, gamma, low, high)
-        assert tokens.tolist() == _reference_continuation(history, gamma, low, high)
+        tokens, match = find_continuation(history, gamma, low, high)
+        assert (tokens.tolist(), match) == _reference_continuation(history, gamma, low, high)
