@@ -100,7 +100,7 @@ class CopyLength:
 
     MARGIN = 0.05        # a copy must beat a plain step by this much: the plain step is the safer choice
     EXPLORE_EVERY = 32   # every so many matches, copy one token more than pays, to keep learning
-    REFRESH = 16         # observed rounds between re-pricings of the table
+    REFRESH = 64         # observed rounds between re-pricings of the table
 
     def __init__(self):
         self.costs, self.acceptance, self.choices = RowCosts(), CopyAcceptance(), 0
