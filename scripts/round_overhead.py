@@ -3,7 +3,8 @@
 Usage: python scripts/round_overhead.py BUNDLE [--category qa] [--prompts 4] [--max-tokens 64]
 Greedy hybrid decoding of the category's bench prompts (chat template); the lookup search, the
 copy-length pricing and the whole draft() call that ends in a plain step are timed where they
-run, between passes (caches cold), and set against the mean plain round.
+run, between passes (caches cold), and set against the mean round; then every kind of round
+(source, rows verified, tokens emitted) with its count and mean time.
 """
 from __future__ import annotations
 
@@ -28,6 +29,26 @@ def _timed(owner, name: str, totals: dict, label: str) -> None:
     setattr(owner, name, call)
 
 
+def _by_kind(decoder_class, model, kinds: dict) -> None:
+    """Time each round under (source, rows its verify pass carried, tokens it emitted)."""
+    rounds, verify = decoder_class._round, model.verify_pass
+    rows = [0]
+
+    def counted_verify(hidden, start):
+        rows[0] = len(hidden)
+        return verify(hidden, start)
+
+    def timed_round(self, *args):
+        began = time.perf_counter()
+        emitted, valid, pending = rounds(self, *args)
+        kind = kinds[emitted.source, rows[0], len(emitted.tokens)]
+        kind[0] += 1
+        kind[1] += time.perf_counter() - began
+        return emitted, valid, pending
+
+    model.verify_pass, decoder_class._round = counted_verify, timed_round
+
+
 def main() -> None:
     from specdeploy.config import GenerationConfig
     from specdeploy.prompts import BENCH_PROMPTS
@@ -46,6 +67,8 @@ def main() -> None:
     _timed(drafting.HybridDrafter, "draft", totals, "draft() -> plain step")
     _timed(decoder.Decoder, "_round", totals, "round (all kinds)")
     engine = Engine(args.bundle)
+    kinds = defaultdict(lambda: [0, 0.0])
+    _by_kind(decoder.Decoder, engine.model, kinds)
     config = GenerationConfig(draft_source="hybrid", max_new_tokens=args.max_tokens)
     for prompt in BENCH_PROMPTS[args.category][: args.prompts]:
         ids = engine.encode_prompt([{"role": "user", "content": prompt}])
@@ -55,6 +78,9 @@ def main() -> None:
     for label, (calls, spent) in totals.items():
         mean = spent / max(calls, 1)
         print(f"{label:24s} {calls:6d} calls  {1e6 * mean:8.1f} us  {100 * mean / mean_round:6.2f}% of a round")
+    print("rounds by kind: source, rows verified, tokens emitted")
+    for (source, rows, emitted), (calls, spent) in sorted(kinds.items()):
+        print(f"  {source:10s} {rows:2d} rows {emitted:2d} tokens {calls:6d} rounds  {1e3 * spent / calls:7.2f} ms")
 
 
 if __name__ == "__main__":
