@@ -84,9 +84,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from specdeploy.errors import SpecDeployError
+    from specdeploy.errors import run_script
 
-    try:
-        main()
-    except SpecDeployError as exc:
-        raise SystemExit(f"error: {exc}") from None
+    run_script(main)

@@ -97,3 +97,16 @@ def test_round_overhead_times_the_drafters_choices_while_decoding(tiny_bundle):
     labels = {line[:24].strip() for line in out.stdout.splitlines()}
     assert {"lookup search", "draft() -> plain step", "round (all kinds)"} <= labels
     assert "100.00% of a round" in out.stdout
+
+
+@pytest.mark.parametrize("script, bundles", [("arena_ab", 1), ("copy_length_ab", 1), ("outlier_channels", 1),
+                                             ("quality_compare", 2), ("round_overhead", 1)])
+def test_a_script_given_no_bundle_says_so_in_one_line(script, bundles, tmp_path):
+    import subprocess
+    import sys
+
+    missing = [str(tmp_path / "no-such.plan")] * bundles
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / f"{script}.py"), *missing],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert out.stderr.startswith("error: ") and len(out.stderr.strip().splitlines()) == 1, out.stderr
