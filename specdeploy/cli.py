@@ -78,7 +78,9 @@ def _precision_options(choices=PRECISION, default="fp32"):
         f = click.option("--method", type=click.Choice(QUANT_METHODS), default="rtn", show_default=True,
                          help="How int4/int8 blocks are rounded where a GGUF's own blocks do not carry over: "
                               "round to nearest, per-block squared-error scales, each 32's [min, max] with a "
-                              "float offset (Q4_1's form: most accurate, slower), or ONNX Runtime's own "
+                              "float offset (Q4_1's form, slower), GPTQ (round to nearest with each row's "
+                              "error folded into the rows after it, against the calibration text's "
+                              "activations: the most accurate symmetric grid), or ONNX Runtime's own "
                               "quantizer for every weight, GGUF or not (no exact TensorRT form at int8).")(f)
         return click.option("--precision", type=choices, default=default, required=default is None,
                             show_default=default is not None,

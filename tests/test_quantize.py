@@ -10,14 +10,14 @@ from specdeploy.quantization.quantize import graph_precisions, quantize
 from specdeploy.runtime.engine import Engine
 
 
-@pytest.fixture(scope="module", params=["int8", "int4", "int4-minmax", "fp8", "fp16", "mixed"])
+@pytest.fixture(scope="module", params=["int8", "int4", "int4-minmax", "int4-gptq", "fp8", "fp16", "mixed"])
 def quantized(request, tiny_bundle, tmp_path_factory):
     out = tmp_path_factory.mktemp("q") / request.param
     lines = []
     if request.param == "mixed":
         quantize(tiny_bundle, out, "fp32", draft_precision="int8", verify_precision="fp32", echo=lines.append)
-    elif request.param == "int4-minmax":
-        quantize(tiny_bundle, out, "int4", method="minmax", echo=lines.append)
+    elif request.param.startswith("int4-"):
+        quantize(tiny_bundle, out, "int4", method=request.param.split("-")[1], echo=lines.append)
     else:
         quantize(tiny_bundle, out, request.param, echo=lines.append)
     return request.param, out, lines
@@ -49,7 +49,7 @@ def test_graph_ops_match_precision(quantized):
     draft = onnx.load(str(bundle / m.graph("draft").file), load_external_data=False)
     ops = {n.op_type for n in draft.graph.node}
     types = {t.data_type for t in draft.graph.initializer}
-    if kind in ("int8", "int4", "int4-minmax", "mixed"):
+    if kind in ("int8", "int4", "int4-minmax", "int4-gptq", "mixed"):
         # integer compute: every weight matmul is MatMulNBits, none is left in float (but the
         # minmax offset terms' small [K/32, N] tables and int8's outlier rows, at most K/16 each)
         bits = 4 if kind.startswith("int4") else 8
@@ -69,13 +69,14 @@ def test_graph_ops_match_precision(quantized):
         if kind.startswith("int4"):
             assert m.extra["int4_block_size"] in (16, 32)
         offset_terms = [n for n in draft.graph.node if n.op_type == "MatMul" and n.input[1].endswith(".offsets")]
-        # minmax: one offset term a matmul, one block sum an activation (qkv, o, gate-up, down inputs)
-        assert len(offset_terms) == (8 if kind == "int4-minmax" else 0)
+        # minmax (gptq's 4-bit grid): one offset term a matmul, one block sum an activation (qkv,
+        # o, gate-up, down inputs)
+        assert len(offset_terms) == (8 if kind in ("int4-minmax", "int4-gptq") else 0)
         assert sum(n.op_type == "ReduceSum" for n in draft.graph.node) == len(offset_terms)
         # fused: rotary as one op, residual adds inside the norms, q/k/v and gate/up one matmul each
         assert {"RotaryEmbedding", "SkipSimplifiedLayerNormalization", "Split"} <= ops
         assert len(nbits) == 4 * 2  # two layers of four matmuls: qkv, o, gate-up, down
-        assert m.graph("draft").precision == {"mixed": "int8", "int4-minmax": "int4"}.get(kind, kind)
+        assert m.graph("draft").precision == ("int8" if kind == "mixed" else kind.split("-")[0])
         assert m.row_check["passed"] and set(m.row_check["max_diff"].values()) == {0.0}
     if kind == "mixed":
         verify = onnx.load(str(bundle / m.graph("verify").file), load_external_data=False)

@@ -35,7 +35,7 @@ class ExportConfig:
     precision: str = "fp32"
     draft_precision: str | None = None             # None: `precision`
     verify_precision: str | None = None            # None: `precision`
-    method: str = "rtn"                            # int4/int8 weights: rtn (ONNX Runtime's) or mse
+    method: str = "rtn"                            # how int4/int8 weights are rounded: QUANT_METHODS
     prompts_file: Path | None = None               # extra calibration prompts (JSONL)
     validate: bool = True
     backend: str = DEFAULT_BACKEND                 # "tensorrt": also build engines on this machine

@@ -16,8 +16,9 @@ Methods (all in MatMulNBits' layout, same kernels): "rtn" rounds to nearest with
 largest magnitude on the grid (nbits.py: at 4 bits on -8, ONNX Runtime's grid; at 8 bits over
 +-127 with positive scales, so TensorRT can hold it exactly); "mse" picks each block's scale by
 squared error; "minmax" spans each 32's [min, max] with a float offset (GGUF Q4_1's form, the
-offset term beside the MatMulNBits: nbits.offset_nodes), the most accurate where a GGUF's own
-blocks do not map; "ort" is ONNX Runtime's own quantizer (matmul_nbits_quantizer, RTN), whose 8-bit
+offset term beside the MatMulNBits: nbits.offset_nodes); "gptq" rounds onto minmax's grid at 4
+bits (rtn's at 8) with each row's error folded into the rows after it against the calibration
+text's activations (gptq.py), the most accurate where a GGUF's own blocks do not map; "ort" is ONNX Runtime's own quantizer (matmul_nbits_quantizer, RTN), whose 8-bit
 blocks reach -128 with negative scales and so have no exact TensorRT form.
 ONNX Runtime's HQQ was measured and is not offered: its float zero points run a ~9x slower path
 whose rows are not independent.
@@ -97,11 +98,13 @@ def _algo_config(form: ComputeForm, method: str):
 
 
 def quantize_graph(src: Path, dst: Path, precision: str, method: str = "rtn", index=None,
-                   options: ComputeOptions = ComputeOptions(), outliers: dict | None = None) -> int:
+                   options: ComputeOptions = ComputeOptions(), outliers: dict | None = None,
+                   grams: dict | None = None) -> int:
     """Write `src` (fp32) to `dst` with every initializer-weight MatMul as MatMulNBits; returns how
     many weights came losslessly from `index` (a gguf_blocks.BlockIndex of the source file).
     `outliers` (activation -> channels, outliers.outlier_channels) are computed in float beside
-    them (not with ONNX Runtime's own quantizer, `ort`, which writes its graph whole).
+    them (not with ONNX Runtime's own quantizer, `ort`, which writes its graph whole); `grams`
+    (activation -> Xᵀ X over the calibration text) are what `gptq` rounds against.
 
     MatMuls whose weight is computed in the graph (a draft head's gathered vocabulary subset) stay
     float: the quantizer only sees initializers. Rotary, residual-norm and sibling-matmul nodes are
@@ -122,7 +125,7 @@ def quantize_graph(src: Path, dst: Path, precision: str, method: str = "rtn", in
         fusion.fuse_sibling_matmuls(model)
     chosen, carried = compute_form(precision, options), 0
     if method != "ort":
-        carried = _own_blocks(model, chosen, "absmax" if method == "rtn" else method, index, outliers)
+        carried = _own_blocks(model, chosen, "absmax" if method == "rtn" else method, index, outliers, grams)
     else:
         quantizer = mnb.MatMulNBitsQuantizer(model, algo_config=_algo_config(chosen, method),
                                              accuracy_level=ACCURACY_LEVEL)
@@ -132,22 +135,29 @@ def quantize_graph(src: Path, dst: Path, precision: str, method: str = "rtn", in
     return carried
 
 
-def _blocks(w, form: ComputeForm, method: str, index):
-    """(blocks, carried): the source file's own blocks where they map exactly, else quantized."""
-    from . import nbits
+def _blocks(w, form: ComputeForm, method: str, index, gram=None):
+    """(blocks, carried): the source file's own blocks where they map exactly, else quantized
+    (by GPTQ over the input's Gram matrix `gram` where the method asks for it)."""
+    from . import gptq, nbits
 
     carried = index.blocks(w, form.block_size) if index is not None else None
     if carried is not None:
         return carried, True
+    if method == "gptq":  # 4 bits on minmax's grid, where GPTQ gains both measures; 8 on rtn's
+        grid = "minmax" if form.bits == 4 and not w.shape[0] % nbits.OFFSET_BLOCK else "absmax"
+        return (gptq.quantize(w, gram, form.bits, form.block_size, grid) if gram is not None
+                else nbits.quantize(w, form.bits, form.block_size, grid)), False
     if method == "minmax" and w.shape[0] % nbits.OFFSET_BLOCK:
         method = "absmax"  # offsets come per 32 of K
     return nbits.quantize(w, form.bits, form.block_size, method), False
 
 
-def _own_blocks(model, form: ComputeForm, method: str, index=None, outliers: dict | None = None) -> int:
+def _own_blocks(model, form: ComputeForm, method: str, index=None, outliers: dict | None = None,
+                grams: dict | None = None) -> int:
     """Every MatMul with an initializer weight [K, N] as MatMulNBits; returns how many were carried.
 
-    `outliers`: activation -> channels computed in float beside the MatMulNBits (outliers.py)."""
+    `outliers`: activation -> channels computed in float beside the MatMulNBits (outliers.py);
+    `grams`: activation -> Xᵀ X over the calibration text, for GPTQ (gptq.py)."""
     from onnx import numpy_helper
 
     inits = {t.name: t for t in model.graph.initializer}
@@ -157,7 +167,8 @@ def _own_blocks(model, form: ComputeForm, method: str, index=None, outliers: dic
         if weight is None or len(weight.dims) != 2 or weight.dims[0] % form.block_size:
             nodes.append(node)
             continue
-        blocks, exact = _blocks(numpy_helper.to_array(weight), form, method, index)
+        gram = (grams or {}).get(node.input[0])
+        blocks, exact = _blocks(numpy_helper.to_array(weight), form, method, index, gram)
         carried += exact
         channels = (outliers or {}).get(node.input[0])
         nodes += _compute_nodes(model, node, weight.name, blocks, channels, shared)

@@ -3,10 +3,11 @@
 FP8 calibration feeds every graph real inputs (prompt tokens to the draft graph, the exit hidden
 states the draft graph produces to the verify graph, the hidden states that reach the heads): the
 quantizer needs them to trace the graphs, and they validate that each graph runs. The same feeds
-find int4 / int8's activation outlier channels (outliers.py).
+find int4 / int8's activation outlier channels (outliers.py) and GPTQ's Gram matrices (gptq.py).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -15,7 +16,7 @@ import numpy as np
 from .. import prompts
 from ..bundle import io_names
 from ..errors import ConfigError
-from . import outliers
+from . import gptq, outliers
 from .compute import FORMS as COMPUTE_FORMS, ComputeOptions
 
 
@@ -66,21 +67,41 @@ def decoder_feed(manifest, graph: str, first: str, value: np.ndarray) -> Callabl
     return make
 
 
-def calibration_texts(prompts_file: Path | None) -> list[str]:
-    texts = [c[-1]["content"] for c in prompts.calibration_conversations(held_out=False)[::6]]
+def calibration_texts(prompts_file: Path | None, every: bool = False) -> list[str]:
+    """The built-in calibration prompts (a sixth of them, or `every` one: GPTQ's Gram matrices
+    want more rows than the K channels they correlate) and the user's."""
+    conversations = prompts.calibration_conversations(held_out=False)
+    texts = [c[-1]["content"] for c in conversations[:: 1 if every else 6]]
     if prompts_file:
         texts += [c[-1]["content"] for c in prompts.load_calibration_prompts(prompts_file)]
     return texts
 
 
+@dataclass(frozen=True)
+class Calibration:
+    """What quantizing needs from the fp32 bundle: feeds per graph (fp8's calibrator), activation
+    outlier channels per int graph (outliers.py), and which graphs GPTQ rounds (gptq.py)."""
+
+    feeds: dict
+    outliers: dict
+    gptq_graphs: dict  # graph name -> its fp32 file
+
+    def grams(self, name: str) -> dict | None:
+        """The graph's input Gram matrices, made when it is quantized: K² floats per matmul input
+        (0.3 GB for the example's verify graph), so one graph's at a time."""
+        file = self.gptq_graphs.get(name)
+        return gptq.gram_matrices(file, self.feeds[name]) if file else None
+
+
 def calibrate(bundle: Path, manifest, plan: dict, method: str, options: ComputeOptions,
-              texts: list[str]) -> tuple[dict, dict]:
-    """(fp32 feeds per graph, for fp8's calibrator; activation outlier channels per int graph)."""
+              texts: list[str]) -> Calibration:
     if options.float_outliers and (method == "ort" or not set(plan.values()) & set(COMPUTE_FORMS)):
-        raise ConfigError("--float-outliers applies to int4 / int8 graphs made by --method rtn, mse or "
-                          "minmax (ONNX Runtime's own quantizer, ort, writes its graphs whole); drop it")
-    wants = {n for n, p in plan.items() if p in COMPUTE_FORMS and options.outliers_for(p) and method != "ort"}
-    feeds = calibration_feeds(bundle, manifest, texts) if wants or "fp8" in plan.values() else {}
-    found = {n: outliers.outlier_channels(outliers.channel_maxima(bundle / manifest.graph(n).file, feeds[n]))
-             for n in wants}
-    return feeds, found
+        raise ConfigError("--float-outliers applies to int4 / int8 graphs made by --method rtn, mse, minmax "
+                          "or gptq (ONNX Runtime's own quantizer, ort, writes its graphs whole); drop it")
+    ints = {n for n, p in plan.items() if p in COMPUTE_FORMS and method != "ort"}
+    wants = {n for n in ints if options.outliers_for(plan[n])}
+    rounds = ints if method == "gptq" else set()
+    feeds = calibration_feeds(bundle, manifest, texts) if wants | rounds or "fp8" in plan.values() else {}
+    file = lambda n: bundle / manifest.graph(n).file  # noqa: E731
+    found = {n: outliers.outlier_channels(outliers.channel_maxima(file(n), feeds[n])) for n in wants}
+    return Calibration(feeds, found, {n: file(n) for n in rounds})

@@ -17,41 +17,19 @@ from typing import Callable
 
 import numpy as np
 
+from .activations import matmul_activations
+
 FACTOR = 6.0            # a channel whose largest |x| is this many times the median channel's
 MAX_FRACTION = 1 / 16   # at most this share of K (the term's float matmul stays small)
 
 
-def matmul_inputs(model) -> set[str]:
-    """Activations that a MatMul multiplies by an initializer (or by an initializer's Transpose)."""
-    weights = {t.name for t in model.graph.initializer}
-    weights |= {n.output[0] for n in model.graph.node if n.op_type == "Transpose" and n.input[0] in weights}
-    return {n.input[0] for n in model.graph.node
-            if n.op_type == "MatMul" and len(n.input) == 2 and n.input[1] in weights}
-
-
 def channel_maxima(graph_file: Path, feeds: list[Callable[[], dict]]) -> dict[str, np.ndarray]:
     """Largest |x| per channel [K] of every weight matmul's input, over the calibration feeds."""
-    import onnx
-    import onnxruntime as ort
-
-    model = onnx.load(str(graph_file), load_external_data=False)
-    wanted = sorted(matmul_inputs(model))
-    outputs = {o.name for o in model.graph.output}
-    model.graph.output.extend(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
-                              for name in wanted if name not in outputs)
-    probe = graph_file.with_name(f".channels-{graph_file.name}")  # beside it: its external data resolves
-    onnx.save(model, str(probe))
-    try:
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        session = ort.InferenceSession(str(probe), options, providers=["CPUExecutionProvider"])
-        maxima: dict[str, np.ndarray] = {}
-        for make in feeds:
-            for name, value in zip(wanted, session.run(wanted, make())):
-                rows = np.abs(value).reshape(-1, value.shape[-1]).max(axis=0)  # [K]
-                maxima[name] = np.maximum(maxima[name], rows) if name in maxima else rows
-    finally:
-        probe.unlink()
+    maxima: dict[str, np.ndarray] = {}
+    for values in matmul_activations(graph_file, feeds):
+        for name, rows in values.items():
+            top = np.abs(rows).max(axis=0)                                           # [K]
+            maxima[name] = np.maximum(maxima[name], top) if name in maxima else top
     return maxima
 
 

@@ -11,7 +11,8 @@
 Every quantized bundle passes the row-independence check (runtime.row_check) before it is
 installed: its greedy speculative output then equals its greedy plain output by construction.
 
-Calibration data (fp8's calibrator, int4 / int8's activation outliers) comes from feeds.py.
+Calibration data (fp8's calibrator, int4 / int8's activation outliers, GPTQ's Gram matrices) comes
+from feeds.py.
 """
 from __future__ import annotations
 
@@ -71,10 +72,10 @@ def graph_precisions(manifest, precision: str, draft: str | None, verify: str | 
 
 
 def _quantize_graph(src: Path, dst: Path, precision: str, method: str, feeds, indexes,
-                    options: ComputeOptions, found: dict | None = None) -> int:
+                    options: ComputeOptions, found: dict | None = None, grams: dict | None = None) -> int:
     """Quantize one graph; returns how many weights came losslessly from the source GGUF."""
     if precision in COMPUTE_FORMS:
-        return quantize_graph(src, dst, precision, method, indexes.get(precision), options, found)
+        return quantize_graph(src, dst, precision, method, indexes.get(precision), options, found, grams)
     if precision == "fp8":
         _quantize_fp8(src, dst, feeds_io.Reader(feeds))
     elif precision == "fp16":
@@ -94,14 +95,14 @@ def _gguf_indexes(manifest, plan: dict, method: str) -> dict:
     return {p: i for p, i in indexes.items() if i is not None}
 
 
-def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str, feeds, indexes,
-                     echo, options: ComputeOptions, found: dict) -> tuple[dict, dict]:
+def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str, calibration, indexes,
+                     echo, options: ComputeOptions) -> tuple[dict, dict]:
     """Each graph quantized into `tmp` (the tied embedding too); (files by stem, carried counts)."""
-    files, carried = {}, {}
+    files, carried, found = {}, {}, calibration.outliers
     for name, graph in manifest.graphs.items():
         src, dst = bundle / graph.file, tmp / graph.file
-        carried[name] = _quantize_graph(src, dst, plan[name], method, feeds.get(name), indexes, options,
-                                        found.get(name))
+        carried[name] = _quantize_graph(src, dst, plan[name], method, calibration.feeds.get(name), indexes,
+                                        options, found.get(name), calibration.grams(name))
         files[Path(graph.file).stem] = dst if plan[name] != "fp32" else src
         lossless = f" ({carried[name]} weights carried losslessly from the GGUF's own blocks)" if carried[name] else ""
         blocks = f" in blocks of {options.int4_block}" if plan[name] == "int4" and options.int4_block else ""
@@ -136,12 +137,14 @@ def quantize_bundle(bundle: Path, precision: str, draft_precision: str | None = 
     if manifest.precision != "fp32":
         raise ConfigError(f"{bundle} is already {manifest.precision}; quantize an fp32 bundle")
     plan = graph_precisions(manifest, precision, draft_precision, verify_precision)
-    feeds, found = feeds_io.calibrate(bundle, manifest, plan, method, options, texts or feeds_io.calibration_texts(None))
+    calibration = feeds_io.calibrate(bundle, manifest, plan, method, options,
+                                     texts or feeds_io.calibration_texts(None, every=method == "gptq"))
+    found = calibration.outliers
     indexes = _gguf_indexes(manifest, plan, method)
     with tempfile.TemporaryDirectory(dir=bundle.parent, prefix=".quantize-") as tmp:
         tmp = Path(tmp)
-        files, carried = _quantize_graphs(bundle, manifest, plan, tmp, method, feeds, indexes, echo, options,
-                                          found)
+        files, carried = _quantize_graphs(bundle, manifest, plan, tmp, method, calibration, indexes, echo,
+                                          options)
         out = tmp / "bundle"
         out.mkdir()
         weights.share(files, out, manifest.weights)
@@ -210,7 +213,7 @@ def quantized_copy(source: Path, target: Path, precision: str, draft_precision: 
     The quality report (top-1 agreement with fp32 and perplexity on held-out text, acceptance,
     CPU tokens/s of plain and speculative decoding) is printed and stored in the manifest.
     """
-    texts = feeds_io.calibration_texts(prompts_file)
+    texts = feeds_io.calibration_texts(prompts_file, every=method == "gptq")
     quantize_into(source, target, precision, draft_precision, verify_precision, texts, echo, method, tensorrt,
                   options)
     if report:

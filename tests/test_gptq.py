@@ -1,0 +1,66 @@
+"""GPTQ: the same grid and layout as round-to-nearest, a smaller error where it counts (x @ W over
+correlated activations), and round-to-nearest itself when the activations do not correlate."""
+import numpy as np
+import onnx
+import pytest
+from test_quantize import _matmul_model, _session, assert_rows_independent
+
+from specdeploy.quantization import compute, gptq, nbits
+
+
+def _activations(rng, rows=3000, k=128):
+    """Rows [rows, K] spanning few directions, with one channel far above the rest (as in LLMs)."""
+    x = rng.normal(size=(rows, k // 8)) @ rng.normal(size=(k // 8, k)) + 0.1 * rng.normal(size=(rows, k))
+    x[:, 5] *= 20.0
+    return x.astype(np.float32)
+
+
+@pytest.mark.parametrize("bits, grid", [(4, "absmax"), (4, "minmax"), (8, "absmax")])
+def test_gptq_keeps_the_grid_and_cuts_the_output_error(bits, grid):
+    rng = np.random.default_rng(3)
+    x, w = _activations(rng), (rng.normal(size=(128, 48)) + 0.4).astype(np.float32)
+    h = x.T.astype(np.float64) @ x
+    nearest, rounded = nbits.quantize(w, bits, 32, grid), gptq.quantize(w, h, bits, 32, grid)
+    np.testing.assert_array_equal(rounded.scales, nearest.scales)  # the grid is round-to-nearest's
+    if grid == "minmax":
+        np.testing.assert_array_equal(rounded.offsets, nearest.offsets)
+    top = 2 ** (bits - 1)
+    assert rounded.q.shape == nearest.q.shape and rounded.q.min() >= -top and rounded.q.max() < top
+    error = gptq.output_error(w, rounded.dequantize(), h)
+    direct = float(((x.astype(np.float64) @ (w - rounded.dequantize())) ** 2).sum())
+    assert error == pytest.approx(direct, rel=1e-6)  # trace(dWᵀ H dW) is the error over the rows
+    assert error < gptq.output_error(w, nearest.dequantize(), h) / 5
+
+
+def test_gptq_over_uncorrelated_activations_is_round_to_nearest():
+    """With H diagonal no row's error has anywhere to go: every weight rounds to nearest."""
+    rng = np.random.default_rng(4)
+    w = rng.normal(size=(64, 16)).astype(np.float32)
+    h = np.diag(rng.uniform(0.5, 2.0, 64))
+    for grid in ("absmax", "minmax"):
+        np.testing.assert_array_equal(gptq.quantize(w, h, 4, 16, grid).q, nbits.quantize(w, 4, 16, grid).q)
+
+
+def test_gram_matrices_sum_each_weight_inputs_rows(tmp_path):
+    weight = np.random.default_rng(0).normal(size=(32, 8)).astype(np.float32)
+    path = tmp_path / "g.onnx"
+    onnx.save(_matmul_model(weight), str(path))
+    xs = [np.random.default_rng(i).normal(size=(1, 5, 32)).astype(np.float32) for i in (1, 2)]
+    grams = gptq.gram_matrices(path, [lambda x=x: {"x": x} for x in xs])
+    rows = np.concatenate(xs, 1)[0].astype(np.float64)
+    np.testing.assert_allclose(grams["x"], rows.T @ rows, rtol=1e-5, atol=1e-5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.onnx"]  # the probe graph is gone
+
+
+def test_gptq_blocks_run_as_matmulnbits_with_rows_independent():
+    rng = np.random.default_rng(5)
+    x, w = _activations(rng), rng.normal(size=(128, 40)).astype(np.float32)
+    h = x.T.astype(np.float64) @ x
+    model = _matmul_model(w)
+    compute._own_blocks(model, compute.ComputeForm(bits=4, block_size=32), "gptq", grams={"x": h})
+    onnx.checker.check_model(model)
+    session = _session(model)
+    rows = x[None, :6]
+    want = rows @ gptq.quantize(w, h, 4, 32, "minmax").dequantize()
+    np.testing.assert_allclose(session.run(None, {"x": rows})[0], want, rtol=0.05, atol=0.05 * np.abs(want).max())
+    assert_rows_independent(session, rows)
