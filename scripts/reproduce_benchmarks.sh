@@ -41,6 +41,7 @@ python scripts/arena_ab.py engine-int4.plan; python scripts/arena_ab.py engine.p
 python scripts/copy_length_ab.py engine-int4.plan --prompts-per-category 4 --repeats 3   # priced copies vs copy all
 python scripts/copy_length_ab.py engine.plan                                             # the same on fp32
 python scripts/round_overhead.py engine-int4.plan --category qa                  # the drafter's choices between passes
+python scripts/offset_cost.py engine-int4.plan                                # the exact form's offset term: its bytes and its ops
 sync   # pages just written stay dirty, and a dirty page is not paged out
 for b in engine-int4.plan int4-ort.plan engine.plan engine-int8.plan int8-nofloat.plan; do python scripts/memory_breakdown.py "$b"; done
 python scripts/memory_breakdown.py engine.plan --keep   # what the heap trim returns

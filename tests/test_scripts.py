@@ -1,6 +1,7 @@
 """The scripts and examples import only names the package has (they are not run by every test)."""
 import ast
 import importlib
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -99,8 +100,50 @@ def test_round_overhead_times_the_drafters_choices_while_decoding(tiny_bundle):
     assert "100.00% of a round" in out.stdout
 
 
+def test_offset_cost_prices_the_term_on_probe_copies_that_keep_its_ops_or_drop_it(tiny_bundle, tmp_path):
+    """The probes are what they say: thin tables keep every op with one-column tables; no term
+    leaves the graphs with no offset op at all; then all three decode and the split is printed."""
+    import subprocess
+    import sys
+
+    import onnx
+
+    from specdeploy.bundle import manifest as manifest_io
+    from specdeploy.quantization.quantize import quantize
+
+    spec = importlib.util.spec_from_file_location("offset_cost", ROOT / "scripts" / "offset_cost.py")
+    offset_cost = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(offset_cost)
+    bundle = quantize(tiny_bundle, tmp_path / "minmax", "int4", method="minmax", echo=lambda line: None)
+    verify = manifest_io.read(bundle).graph("verify").file
+
+    def graph(path):
+        return onnx.load(str(path / verify))
+
+    ops = lambda model: sorted(n.op_type for n in model.graph.node)  # noqa: E731
+    tables = lambda model: [t.dims for t in model.graph.initializer if t.name.endswith(".offsets")]  # noqa: E731
+    assert offset_cost.probe_copy(bundle, tmp_path / "thin", offset_cost.thin_tables) > 0
+    assert ops(graph(tmp_path / "thin")) == ops(graph(bundle))
+    assert {tuple(d)[1] for d in tables(graph(tmp_path / "thin"))} == {1} != {tuple(d)[1] for d in tables(graph(bundle))}
+    assert offset_cost.probe_copy(bundle, tmp_path / "none", offset_cost.drop_terms) > 0
+    gone = graph(tmp_path / "none")
+    assert not offset_cost._offset_matmuls(gone) and "ReduceSum" not in ops(gone)
+    assert ops(gone).count("MatMulNBits") == ops(graph(bundle)).count("MatMulNBits")
+
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "offset_cost.py"), str(bundle), "--repeats", "1",
+                          "--max-tokens", "8"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    *rows, split = out.stdout.splitlines()
+    assert [row[:12].strip() for row in rows] == ["bundle", "thin tables", "no term"]
+    assert "(1.000x the bundle)" in rows[0] and split.startswith("offset term: ") and "tables' bytes" in split
+    plain = subprocess.run([sys.executable, str(ROOT / "scripts" / "offset_cost.py"), str(tiny_bundle)],
+                           capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 1 and "has no offset term" in plain.stderr and "Traceback" not in plain.stderr
+
+
 @pytest.mark.parametrize("script, bundles", [("arena_ab", 1), ("copy_length_ab", 1), ("outlier_channels", 1),
-                                             ("quality_compare", 2), ("round_overhead", 1)])
+                                             ("quality_compare", 2), ("round_overhead", 1),
+                                             ("offset_cost", 1)])
 def test_a_script_given_no_bundle_says_so_in_one_line(script, bundles, tmp_path):
     import subprocess
     import sys
