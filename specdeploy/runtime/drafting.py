@@ -174,52 +174,35 @@ class RateEstimate:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-class HybridDrafter:
-    """Lookup when the context offers a match this round; otherwise early exit or a plain step.
+class Verdict:
+    """Whether one kind of round beats a baseline kind: measured, then re-checked ever more rarely.
 
-    Whether early exit pays depends on the bundle (calibrated or not, fp32 or integer kernels, whose
-    extra verify rows cost far more on CPUs without dot-product instructions) and on the text, so
-    at greedy the choice between an early-exit round and a plain round is made from their measured
-    tokens per second: a few rounds of each to start, then early exit only while it beats plain by
-    a margin, re-checking now and then (rarely when it loses clearly: each re-check costs a slow
-    round); greedy output is the same either way. A lookup match is not priced by a rate averaged
-    over other contexts (measured: that dropped the copies that pay on summarisation) but by its
-    match length and the cost of each copied row (`CopyLength`); when it declines, the round is
-    an early-exit or plain one as above. When sampling, the drafts decide which random numbers are
-    drawn, so a timed choice would make a seed give different text from run to run: a round
-    without a lookup match is a plain step.
+    A few rounds of each to start (alternating), then this kind only while its measured tokens per
+    second beat the baseline's by a margin, re-checking the standing verdict now and then: rarely
+    when it loses clearly (each re-check costs a slow round), the interval doubling while re-checks
+    leave the verdict as it was and starting again short when it changes (the text moved on). An
+    uncalibrated int4 bundle's early exit accepted nothing on QA prompts, so each re-check cost
+    about two plain steps before the interval doubled.
     """
 
     MIN_ROUNDS, EXPLORE_EVERY = 3, 32
-    MARGIN = 0.02        # a source must beat plain by this much: plain is the safer choice
-    CLEAR_LOSS = 0.75    # below this fraction of plain's rate a source is re-checked 8x less often
+    MARGIN = 0.02        # this kind must beat the baseline by this much: the baseline is the safer choice
+    CLEAR_LOSS = 0.75    # below this fraction of the baseline's rate it is re-checked 8x less often
     MAX_INTERVAL = 4096  # choices between re-checks once the verdict has long stood
 
-    def __init__(self, lookup: LookupDrafter, early_exit: EarlyExitDrafter):
-        self.lookup, self.early_exit = lookup, early_exit
-        self.rates = {"early_exit": RateEstimate(), "plain": RateEstimate()}
-        self.choices, self.verdict, self.interval, self.next_check = 0, None, 0, 0
+    def __init__(self):
+        self.rate = RateEstimate()
+        self.choices, self.faster, self.interval, self.next_check = 0, None, 0, 0
 
-    def observe(self, draft: Draft, accepted: int, seconds: float) -> None:
-        if draft.source in self.rates:
-            self.rates[draft.source].add(accepted + 1, seconds)
-        self.lookup.observe(draft, accepted, seconds)
-
-    def _pays(self, source: str) -> bool:
-        """The measured choice, but the other one now and then: rarer each time the verdict stands.
-
-        An uncalibrated int4 bundle's early exit accepted nothing on QA prompts, so each re-check
-        cost about two plain steps; the interval doubles while re-checks leave the verdict as it
-        was and starts again short when the verdict changes (the text moved on).
-        """
-        mine, plain = self.rates[source], self.rates["plain"]
+    def pays(self, baseline: RateEstimate) -> bool:
+        mine = self.rate
         self.choices += 1
-        if mine.rounds < self.MIN_ROUNDS or plain.rounds < self.MIN_ROUNDS:
-            return mine.rounds <= plain.rounds
-        faster = mine.rate > plain.rate * (1 + self.MARGIN)
-        if faster != self.verdict:
-            self.verdict = faster
-            self.interval = self.EXPLORE_EVERY * (8 if mine.rate < plain.rate * self.CLEAR_LOSS else 1)
+        if mine.rounds < self.MIN_ROUNDS or baseline.rounds < self.MIN_ROUNDS:
+            return mine.rounds <= baseline.rounds
+        faster = mine.rate > baseline.rate * (1 + self.MARGIN)
+        if faster != self.faster:
+            self.faster = faster
+            self.interval = self.EXPLORE_EVERY * (8 if mine.rate < baseline.rate * self.CLEAR_LOSS else 1)
             self.next_check = self.choices + self.interval
         if self.choices < self.next_check:
             return faster
@@ -227,10 +210,53 @@ class HybridDrafter:
         self.next_check = self.choices + self.interval
         return not faster
 
+
+class HybridDrafter:
+    """Lookup when the context offers a match this round; otherwise early exit or a plain step.
+
+    Whether early exit pays depends on the bundle (calibrated or not, fp32 or integer kernels, whose
+    extra verify rows cost far more on CPUs without dot-product instructions) and on the text, so
+    at greedy the choice is measured (`Verdict`), as a ladder: early-exit rounds of one draft token
+    ("probes") against plain steps, and only while probes pay, rounds of the full draft length
+    against probes. The first draft token is the one likeliest to be accepted (the j-th is accepted
+    only if all before it were) at the same cost per row, so when one-token rounds lose to plain
+    steps, longer ones lose too: exploring and re-checking a losing early exit with probes costs
+    under half what full rounds did (an uncalibrated int4 exit: ~1.7 plain steps a probe, ~3.8 a
+    round of four). Greedy output is the same whatever is chosen. A lookup match is not priced by
+    a rate averaged over other contexts (measured: that dropped the copies that pay on
+    summarisation) but by its match length and the cost of each copied row (`CopyLength`); when it
+    declines, the round is one of the above. When sampling, the drafts decide which random numbers
+    are drawn, so a timed choice would make a seed give different text from run to run: a round
+    without a lookup match is a plain step.
+    """
+
+    def __init__(self, lookup: LookupDrafter, early_exit: EarlyExitDrafter):
+        self.lookup, self.early_exit = lookup, early_exit
+        self.plain, self.probe, self.full = RateEstimate(), Verdict(), Verdict()
+        self.probing = False  # what the last early-exit round was, for observe()
+
+    def observe(self, draft: Draft, accepted: int, seconds: float) -> None:
+        if draft.source == PLAIN:
+            self.plain.add(accepted + 1, seconds)
+        elif draft.source == "early_exit":
+            (self.probe if self.probing else self.full).rate.add(accepted + 1, seconds)
+        self.lookup.observe(draft, accepted, seconds)
+
+    def _early_tokens(self, num_draft_tokens: int) -> int:
+        """Draft tokens for a round without a lookup match: 0 (plain step), 1 (probe) or all; full
+        rounds are measured only once probes stand measured as faster than plain steps."""
+        if not self.probe.pays(self.plain):
+            return 0
+        if num_draft_tokens > 1 and self.probe.faster and self.full.pays(self.probe.rate):
+            return num_draft_tokens
+        return 1
+
     def draft(self, history, pending, start, num_draft_tokens, settings: DecodeSettings, rng) -> Draft | None:
         found = self.lookup.draft(history, pending, start, num_draft_tokens, settings, rng)
-        if found is not None:
+        if found is not None or not settings.sampling.greedy:
             return found
-        if not settings.sampling.greedy or not self._pays("early_exit"):
+        tokens = self._early_tokens(num_draft_tokens)
+        if tokens == 0:
             return None
-        return self.early_exit.draft(history, pending, start, num_draft_tokens, settings, rng)
+        self.probing = tokens == 1
+        return self.early_exit.draft(history, pending, start, tokens, settings, rng)

@@ -103,7 +103,7 @@ def test_sampled_speculative_matches_plain_distribution(tiny_engine):
 def test_only_greedy_rounds_feed_the_drafters_timing(tiny_engine):
     """Timed choices are made at greedy only; sampled rounds (which also warp) must not skew them."""
     hybrid = tiny_engine.decoder.drafters["hybrid"]
-    timed = lambda: sum(r.rounds for r in hybrid.rates.values())  # noqa: E731
+    timed = lambda: hybrid.plain.rounds + hybrid.probe.rate.rounds + hybrid.full.rate.rounds  # noqa: E731
     before = (timed(), hybrid.lookup.length.costs.weight.copy())
     tiny_engine.generate_ids([4, 5, 6, 4, 5], GenerationConfig(max_new_tokens=12, temperature=0.9, seed=1,
                                                                ignore_eos=True, draft_source="hybrid"))

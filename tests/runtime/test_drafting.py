@@ -74,46 +74,62 @@ def _observe(hybrid: HybridDrafter, source: str, tokens: int, seconds: float) ->
 
 
 class _Marker:
-    def draft(self, *args):
-        return "early"
+    def draft(self, history, pending, start, tokens, settings, rng):
+        return ("early", tokens)
 
 
-def _picks(rounds: int, early: tuple[int, float], plain: tuple[int, float]) -> list:
-    """The hybrid's fallback choices when early exit and plain rounds yield (tokens, seconds)."""
+def _picks(rounds: int, plain: tuple[int, float], probe: tuple[int, float],
+           full: tuple[int, float] | None = None) -> list:
+    """The hybrid's choices for rounds without a lookup match: None (a plain step), ("early", 1) (a
+    one-token early-exit probe) or ("early", 4), when plain steps, probes and full rounds of four
+    yield (tokens, seconds)."""
     hybrid = HybridDrafter(_Never(), _Marker())
     picks = []
     for _ in range(rounds):
         choice = hybrid.draft(None, 0, 0, 4, GREEDY, None)
         picks.append(choice)
-        _observe(hybrid, *(("early_exit", *early) if choice == "early" else ("plain", *plain)))
+        outcome = plain if choice is None else probe if choice[1] == 1 else full
+        _observe(hybrid, "plain" if choice is None else "early_exit", *outcome)
     return picks
 
 
 def test_hybrid_falls_back_to_the_faster_of_early_exit_and_plain():
-    picks = _picks(64, early=(1, 0.022), plain=(1, 0.02))  # early exit 45 tok/s, plain 50 tok/s
-    assert picks[:6].count("early") == 3  # measures both first
+    picks = _picks(64, plain=(1, 0.02), probe=(1, 0.022))  # one-token rounds 45 tok/s, plain 50 tok/s
+    assert picks[:6].count(("early", 1)) == 3  # measures both first
     later = picks[10:]
-    assert later.count(None) > 0.9 * len(later) and "early" in later  # plain wins, early re-checked
-    clear = _picks(600, early=(1, 0.05), plain=(1, 0.02))[10:]  # 20 vs 50 tok/s: re-checked 8x less often
-    assert 1 <= clear.count("early") <= len(clear) // 200
+    assert later.count(None) > 0.9 * len(later) and ("early", 1) in later  # plain wins, early re-checked
+    clear = _picks(600, plain=(1, 0.02), probe=(1, 0.05))[10:]  # 20 vs 50 tok/s: re-checked 8x less often
+    assert 1 <= clear.count(("early", 1)) <= len(clear) // 200
+
+
+def test_a_losing_early_exit_is_only_ever_tried_one_draft_token_at_a_time():
+    """The first draft token is the likeliest accepted at the same cost a row: when one-token rounds
+    lose to plain steps, longer ones would lose more, so they are never run."""
+    picks = _picks(3000, plain=(1, 0.02), probe=(1, 0.05), full=(1, 0.1))
+    assert ("early", 1) in picks and ("early", 4) not in picks
 
 
 def test_hybrid_rechecks_a_standing_verdict_ever_more_rarely():
-    """Each re-check of a source that loses clearly costs ~2 plain steps: the interval doubles."""
-    picks = _picks(6000, early=(1, 0.05), plain=(1, 0.02))[10:]
-    checks = [i for i, pick in enumerate(picks) if pick == "early"]
+    """Each re-check of a source that loses clearly costs a slow round: the interval doubles."""
+    picks = _picks(6000, plain=(1, 0.02), probe=(1, 0.05))[10:]
+    checks = [i for i, pick in enumerate(picks) if pick is not None]
     assert 3 <= len(checks) <= 5  # after ~256, 512, 1024, 2048 choices (was every 256: 23)
     assert all(b - a > 1.5 * (a - c) for c, a, b in zip(checks, checks[1:], checks[2:]))
 
 
 def test_hybrid_needs_a_margin_to_leave_plain_steps():
-    picks = _picks(80, early=(101, 2.0), plain=(1, 0.02))  # early exit 1% faster: within the margin
+    picks = _picks(80, plain=(1, 0.02), probe=(101, 2.0))  # one-token rounds 1% faster: within the margin
     assert picks[10:].count(None) > 0.9 * len(picks[10:])
 
 
-def test_hybrid_keeps_early_exit_when_it_is_faster():
-    picks = _picks(40, early=(3, 0.03), plain=(1, 0.03))
-    assert picks[10:].count("early") > 0.85 * len(picks[10:])
+def test_hybrid_drafts_the_full_length_when_it_beats_one_token_rounds():
+    picks = _picks(60, plain=(1, 0.03), probe=(2, 0.035), full=(4, 0.05))  # 33 / 57 / 80 tok/s
+    assert picks[16:].count(("early", 4)) > 0.85 * len(picks[16:])
+
+
+def test_hybrid_keeps_one_token_rounds_when_longer_ones_lose_to_them():
+    picks = _picks(60, plain=(1, 0.03), probe=(2, 0.035), full=(2.5, 0.06))  # 33 / 57 / 42 tok/s
+    assert picks[16:].count(("early", 1)) > 0.85 * len(picks[16:])
 
 
 def test_hybrid_never_times_its_choice_when_sampling():
@@ -122,7 +138,7 @@ def test_hybrid_never_times_its_choice_when_sampling():
     for _ in range(20):
         _observe(hybrid, "early_exit", 5, 0.01)  # early exit looks much faster
         _observe(hybrid, "plain", 1, 0.05)
-    assert hybrid.draft(None, 0, 0, 4, GREEDY, None) == "early"
+    assert hybrid.draft(None, 0, 0, 4, GREEDY, None)[0] == "early"
     assert all(hybrid.draft(None, 0, 0, 4, SAMPLED, None) is None for _ in range(40))
 
 
