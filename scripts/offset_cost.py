@@ -40,14 +40,12 @@ def drop_terms(model) -> int:
     """The offset term removed: each Add's consumers read the MatMulNBits product instead."""
     terms = {n.output[0] for n in _offset_matmuls(model)}
     adds = [n for n in model.graph.node if n.op_type == "Add" and n.input[1] in terms]
-    rename = {n.output[0]: n.input[0] for n in adds}
+    outputs = {o.name for o in model.graph.output}  # a graph output keeps its name and its Add
+    rename = {n.output[0]: n.input[0] for n in adds if n.output[0] not in outputs}
     for node in model.graph.node:
         node.input[:] = [rename.get(name, name) for name in node.input]
-    for output in model.graph.output:
-        if output.name in rename:  # a graph output stays named: keep its Add
-            rename.pop(output.name)
-    _prune(model, keep={o.name for o in model.graph.output})
-    return len(adds)
+    _prune(model, keep=outputs)
+    return len(rename)
 
 
 def _prune(model, keep: set) -> None:

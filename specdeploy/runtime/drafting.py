@@ -221,8 +221,8 @@ class HybridDrafter:
     against probes. The first draft token is the one likeliest to be accepted (the j-th is accepted
     only if all before it were) at the same cost per row, so when one-token rounds lose to plain
     steps, longer ones lose too: exploring and re-checking a losing early exit with probes costs
-    under half what full rounds did (an uncalibrated int4 exit: ~1.7 plain steps a probe, ~3.8 a
-    round of four). Greedy output is the same whatever is chosen. A lookup match is not priced by
+    less than full rounds did (one draft pass and a two-row verify instead of four passes and a
+    five-row verify). Greedy output is the same whatever is chosen. A lookup match is not priced by
     a rate averaged over other contexts (measured: that dropped the copies that pay on
     summarisation) but by its match length and the cost of each copied row (`CopyLength`); when it
     declines, the round is one of the above. When sampling, the drafts decide which random numbers
