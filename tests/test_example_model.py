@@ -63,7 +63,15 @@ def test_int4_example_bundle_is_row_independent_exact_and_smaller(example_bundle
     q = manifest.quality
     assert q["greedy_identical"] and q["top1_agreement"] >= 0.9 and q["perplexity"] < 1.1 * q["perplexity_fp32"]
     assert sum(manifest.extra["gguf_carried_weights"].values()) == 30 * 4 + 1   # q/k/v, o, gate/up, down; head
-    assert "from GGUF   121 weights carried losslessly" in describe(bundle)
+    # the Q4_1 minima folded into every body matmul (integer zero points and block-sum rows), or,
+    # where this CPU's row check refuses that form, kept exact, saying so
+    if "folded_offsets" in manifest.extra:
+        assert sum(manifest.extra["folded_offsets"].values()) == 30 * 4
+        assert ("from GGUF   121 weights carried from the source file's blocks (draft 32, head 1, verify 88): "
+                "values and scales losslessly, the float minima folded into 120 matmuls") in describe(bundle)
+    else:
+        assert any("offsets folded is not row-independent on this machine" in line for line in lines)
+        assert "from GGUF   121 weights carried losslessly" in describe(bundle)
     with Engine(bundle) as engine:
         for prompt in PROMPTS:
             ids = engine.encode_prompt([{"role": "user", "content": prompt}])

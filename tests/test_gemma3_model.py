@@ -76,8 +76,9 @@ def test_gemma3_serves_the_same_text(gemma):
 
 
 def test_gemma3_q4_k_m_is_carried_into_int4_exactly(gemma, tmp_path):
-    """Every weight of the Q4_K_M file (Q4_K with the offset term; Q5_0, Q6_K, Q8_0 as int8) comes
-    over as the file's own blocks: the int4 bundle is fp32's model to int8-activation noise."""
+    """Every weight of the Q4_K_M file (Q4_K with its minima folded into the matmuls where rows
+    allow; Q5_0, Q6_K, Q8_0 as int8) comes over as the file's own blocks: the int4 bundle is fp32's
+    model to int8-activation noise."""
     from specdeploy.quantization.quantize import quantize
 
     bundle, _ = gemma

@@ -6,6 +6,7 @@ import pytest
 from specdeploy.bundle import manifest as manifest_io
 from specdeploy.config import GenerationConfig
 from specdeploy.errors import ConfigError
+from specdeploy.quantization import nbits
 from specdeploy.quantization.quantize import graph_precisions, quantize
 from specdeploy.runtime.engine import Engine
 
@@ -69,10 +70,16 @@ def test_graph_ops_match_precision(quantized):
         if kind.startswith("int4"):
             assert m.extra["int4_block_size"] in (16, 32)
         offset_terms = [n for n in draft.graph.node if n.op_type == "MatMul" and n.input[1].endswith(".offsets")]
-        # minmax (gptq's 4-bit grid): one offset term a matmul, one block sum an activation (qkv,
-        # o, gate-up, down inputs)
-        assert len(offset_terms) == (8 if kind in ("int4-minmax", "int4-gptq") else 0)
-        assert sum(n.op_type == "ReduceSum" for n in draft.graph.node) == len(offset_terms)
+        folded = [n for n in nbits if len(n.input) == 4]
+        # minmax (gptq's 4-bit grid): offsets folded into every matmul, one block sum and one Concat
+        # an activation (qkv, o, gate-up, down inputs) — or, where the row check refused the folded
+        # form on this CPU (quantize_into's fallback, tested below), an exact term each
+        offsets = 8 if kind in ("int4-minmax", "int4-gptq") else 0
+        assert len(folded if "folded_offsets" in m.extra else offset_terms) == offsets
+        assert not (offset_terms if "folded_offsets" in m.extra else folded)
+        assert sum(n.op_type == "ReduceSum" for n in draft.graph.node) == offsets
+        assert {n.input[0] for n in folded} == {n.output[0] for n in draft.graph.node if n.op_type == "Concat"
+                                                and n.input[1].endswith(".block_sums")}
         # fused: rotary as one op, residual adds inside the norms, q/k/v and gate/up one matmul each
         assert {"RotaryEmbedding", "SkipSimplifiedLayerNormalization", "Split"} <= ops
         assert len(nbits) == 4 * 2  # two layers of four matmuls: qkv, o, gate-up, down
@@ -226,6 +233,32 @@ def test_int4_falls_back_to_the_smaller_block_where_the_larger_is_row_dependent(
     assert not (tmp_path / "int4-32").exists()
 
 
+def test_offsets_stay_exact_where_no_folded_form_is_row_independent(tiny_bundle, tmp_path, monkeypatch):
+    """Folded offsets read zero points, another kernel path; where no block size passes the row
+    check folded (faked here), the bundle is made with the exact offset term instead."""
+    from specdeploy.quantization import folding
+    from specdeploy.runtime import row_check
+
+    real, tried = row_check.check_bundle, []
+
+    def check(bundle, manifest, provider="cpu"):
+        folded = folding.folded_count(bundle / manifest.graph("verify").file)
+        tried.append((manifest.extra["int4_block_size"], folded > 0))
+        result = real(bundle, manifest, provider)
+        return row_check.RowCheck(False, {**result.max_diff, "verify": 1e-6}, result.machine) if folded else result
+
+    monkeypatch.setattr(row_check, "check_bundle", check)
+    lines = []
+    out = quantize(tiny_bundle, tmp_path / "minmax", "int4", method="minmax", report=False, echo=lines.append)
+    assert tried == [(32, True), (16, True), (32, False)]
+    assert ("int4 in blocks of 16, offsets folded is not row-independent on this machine; trying int4 in "
+            "blocks of 32, exact offsets") in lines
+    m = manifest_io.read(out)
+    assert m.row_check["passed"] and "folded_offsets" not in m.extra
+    verify = onnx.load(str(out / m.graph("verify").file), load_external_data=False)
+    assert any(n.op_type == "MatMul" and n.input[1].endswith(".offsets") for n in verify.graph.node)
+
+
 def test_int4_block_and_fusion_are_chosen_from_the_command_line(tiny_bundle, tmp_path):
     """`--int4-block 16` (a bundle bound for AVX2 devices) and `--no-fuse` (to measure the fusions)."""
     from click.testing import CliRunner
@@ -250,6 +283,25 @@ def test_int4_block_and_fusion_are_chosen_from_the_command_line(tiny_bundle, tmp
         ComputeOptions(int4_block=64)
 
 
+def test_exact_offsets_are_chosen_from_the_command_line(tiny_bundle, tmp_path):
+    """Float offsets are folded by default; `--exact-offsets` keeps the float32 term; both say so."""
+    from click.testing import CliRunner
+
+    from specdeploy.cli import main
+
+    for flags, exact in (([], False), (["--exact-offsets"], True)):
+        out = tmp_path / f"minmax-{exact}"
+        result = CliRunner().invoke(main, ["quantize", str(tiny_bundle), "--precision", "int4", "--method", "minmax",
+                                           *flags, "-o", str(out)])
+        assert result.exit_code == 0, result.output
+        assert ("float offsets folded into their matmuls" in result.output) is not exact
+        m = manifest_io.read(out)
+        verify = onnx.load(str(out / m.graph("verify").file), load_external_data=False)
+        assert any(n.op_type == "MatMul" and n.input[1].endswith(".offsets") for n in verify.graph.node) is exact
+        described = CliRunner().invoke(main, ["inspect", str(out)]).output
+        assert ("offsets     float offsets folded into 17 matmuls" in described) is not exact  # 8 + 8 + head
+
+
 def _matmul_model(weight: np.ndarray):
     """One MatMul x [1, S, K] @ weight [K, N] as an ONNX model."""
     from onnx import TensorProto, helper, numpy_helper
@@ -263,9 +315,9 @@ def _matmul_model(weight: np.ndarray):
         opset_imports=[helper.make_opsetid("", 24)])
 
 
-def _q4_1_matmul(rng, index: bool, k: int = 128, n: int = 96):
+def _q4_1_matmul(rng, index: bool, k: int = 128, n: int = 96, fold: bool = False):
     """(weight [K, N] a Q4_1 tensor dequantized, carried count, model: x @ weight quantized to int4
-    in blocks of 16 from the file's blocks when `index`, else re-rounded)."""
+    in blocks of 16 from the file's blocks when `index`, else re-rounded; offsets folded or exact)."""
     import gguf
     import onnx
     from gguf import quants
@@ -277,7 +329,7 @@ def _q4_1_matmul(rng, index: bool, k: int = 128, n: int = 96):
     weight = np.ascontiguousarray(quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_1).T)   # [K, N]
     model = _matmul_model(weight)
     carried = compute._own_blocks(model, compute.ComputeForm(bits=4, block_size=16), "absmax",
-                                  BlockIndex([raw], "Q4_1") if index else None)
+                                  BlockIndex([raw], "Q4_1") if index else None, fold=fold)
     onnx.checker.check_model(model)
     return weight, carried, model
 
@@ -289,6 +341,13 @@ def _session(model, optimize: bool = True):
     if not optimize:  # as TensorRT reads it: ONNX Runtime would fuse DequantizeLinear -> MatMul itself
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def _cpu_has(flag: str) -> bool:
+    from pathlib import Path
+
+    info = Path("/proc/cpuinfo")
+    return info.is_file() and f" {flag} " in f" {info.read_text()} ".replace("\n", " ")
 
 
 def assert_rows_independent(session, x: np.ndarray) -> None:
@@ -328,9 +387,78 @@ def test_the_tensorrt_form_of_a_q4_1_weight_keeps_its_offset_term():
                                rtol=1e-4, atol=1e-4)
 
 
+def test_a_folded_q4_1_weight_keeps_the_files_values_and_scales_and_its_rows_independent():
+    """Folded (the default): integer zero points and the block sums as extra rows of one
+    MatMulNBits; the file's 4-bit values and scales come back bitwise, each offset within half a
+    step of its rows' grid, and the product is as close to x @ W as the exact term's."""
+    from onnx import numpy_helper
+
+    from specdeploy.quantization import folding
+
+    weight, carried, model = _q4_1_matmul(np.random.default_rng(2), index=True, fold=True)
+    assert carried == 1 and [nd.op_type for nd in model.graph.node] == ["Reshape", "ReduceSum", "Concat", "MatMulNBits"]
+    _, _, exact = _q4_1_matmul(np.random.default_rng(2), index=True)
+    _, _, rerounded = _q4_1_matmul(np.random.default_rng(2), index=False)
+    node = model.graph.node[-1]
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    assert attrs["K"] == 128 + 128 // 32 and attrs["block_size"] == 16 and attrs["bits"] == 4
+    arrays = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    held = folding.unfold(*(arrays[name] for name in node.input[1:]), attrs["K"], 4, 16)
+    exact_arrays = {t.name: numpy_helper.to_array(t) for t in exact.graph.initializer}
+    want = next(nd for nd in exact.graph.node if nd.op_type == "MatMulNBits")
+    np.testing.assert_array_equal(held.q, nbits.unpack(exact_arrays[want.input[1]], exact_arrays[want.input[2]], 4, 16).q)
+    np.testing.assert_array_equal(held.scales.reshape(-1), exact_arrays[want.input[2]])
+    offsets = next(a for name, a in exact_arrays.items() if name.endswith(".offsets")).T       # [N, K/32]
+    row_steps = arrays[node.input[2]].reshape(96, -1)[:, 128 // 16:]                          # [N, na]
+    assert np.abs(held.offsets - offsets).max() <= 0.5 * np.abs(row_steps).max() * (1 + 1e-5)
+    rows = 5
+    x = np.random.default_rng(3).normal(size=(1, rows, weight.shape[0])).astype(np.float32)
+    error = lambda m: np.abs(_session(m).run(None, {"x": x})[0] - x @ weight).max()        # noqa: E731
+    assert error(model) < error(rerounded) / 3 and error(model) < 1.5 * error(exact)
+    if _cpu_has("avx512_vnni"):  # measured there; elsewhere each bundle's row check decides (fallback below)
+        assert_rows_independent(_session(model), x)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("block", [16, 32])
+def test_folding_moves_each_offset_by_at_most_half_a_step_of_its_rows_grid(bits, block):
+    """Blocks skewed far from zero clip their zero points and leave large residuals; those go on
+    the block-sum rows' grid, so the bound is half its step whatever the blocks."""
+    from specdeploy.quantization import folding
+
+    rng = np.random.default_rng(bits + block)
+    w = (rng.normal(size=(160, 24)) + rng.normal(size=(1, 24)) * 3).astype(np.float32)
+    blocks = nbits.quantize_minmax(w, bits, block)
+    folded = folding.fold(blocks)
+    held = folding.unfold(folded.b, folded.scales, folded.zero_points, folded.k, bits, block)
+    np.testing.assert_array_equal(held.q, blocks.q)
+    np.testing.assert_array_equal(held.scales, blocks.scales)
+    steps = folded.scales.reshape(24, -1)[:, 160 // block:]                                  # [N, na]
+    bound = 0.5 * np.repeat(steps, block, axis=1)[:, : 160 // 32] * (1 + 1e-5) + 1e-7         # [N, K/32]
+    assert (folding.offset_error(blocks, folded) <= bound).all()
+    assert folded.k == 160 + 160 // 32
+
+
+def test_the_tensorrt_form_of_a_folded_weight_is_the_offset_form_it_holds():
+    """TensorRT takes no zero points: a folded MatMulNBits goes back to DequantizeLinear over the
+    symmetric values plus the offset term over the same block sums, no Concat left."""
+    from onnx import numpy_helper
+
+    from specdeploy.quantization import folding, tensorrt_form
+
+    weight, _, model = _q4_1_matmul(np.random.default_rng(4), index=True, fold=True)
+    node, arrays = model.graph.node[-1], {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    held = folding.unfold(*(arrays[name] for name in node.input[1:]), 128 + 4, 4, 16).dequantize()  # [K, N]
+    assert tensorrt_form.convert(model) == 1
+    ops = [nd.op_type for nd in model.graph.node]
+    assert "MatMulNBits" not in ops and "Concat" not in ops and ops.count("MatMul") == 2 and ops.count("ReduceSum") == 1
+    x = np.random.default_rng(5).normal(size=(1, 3, weight.shape[0])).astype(np.float32)
+    np.testing.assert_allclose(_session(model, optimize=False).run(None, {"x": x})[0], x @ held, rtol=1e-4, atol=1e-4)
+
+
 def test_minmax_blocks_span_each_32_with_a_float_offset_and_beat_a_symmetric_grid_on_skewed_weights():
-    """--method minmax: every 32 of K on its own [min, max] grid (GGUF Q4_1's form) plus the offset
-    term; a skewed weight's error is well under the symmetric grid's, rows stay independent."""
+    """--method minmax: every 32 of K on its own [min, max] grid (GGUF Q4_1's form) plus the offset,
+    exact or folded; a skewed weight's error is well under the symmetric grid's, rows stay independent."""
     from specdeploy.quantization import compute, nbits
 
     rng = np.random.default_rng(6)
@@ -345,14 +473,14 @@ def test_minmax_blocks_span_each_32_with_a_float_offset_and_beat_a_symmetric_gri
     sym = np.abs(nbits.quantize(weight, 4, 32, "absmax").dequantize() - weight).mean()
     assert np.abs(nbits.quantize(weight, 4, 32, "minmax").dequantize() - weight).mean() < 0.75 * sym
 
-    model = _matmul_model(weight)
-    compute._own_blocks(model, compute.ComputeForm(bits=4, block_size=16), "minmax")
-    assert [nd.op_type for nd in model.graph.node] == ["MatMulNBits", "Reshape", "ReduceSum", "MatMul", "Add"]
-    session, rows = _session(model), 4
-    xs = rng.normal(size=(1, rows, k)).astype(np.float32)
-    many = session.run(None, {"x": xs})[0]
-    np.testing.assert_array_equal(many, np.concatenate(
-        [session.run(None, {"x": xs[:, i:i + 1]})[0] for i in range(rows)], axis=1))
+    xs = rng.normal(size=(1, 4, k)).astype(np.float32)
+    for fold, ops in ((False, ["MatMulNBits", "Reshape", "ReduceSum", "MatMul", "Add"]),
+                      (True, ["Reshape", "ReduceSum", "Concat", "MatMulNBits"])):
+        model = _matmul_model(weight)
+        compute._own_blocks(model, compute.ComputeForm(bits=4, block_size=16), "minmax", fold=fold)
+        assert [nd.op_type for nd in model.graph.node] == ops
+        if not fold or _cpu_has("avx512_vnni"):
+            assert_rows_independent(_session(model), xs)
 
 
 def test_gguf_q4_k_sub_blocks_are_carried_like_q4_1():

@@ -23,10 +23,16 @@ def describe(bundle: Path) -> str:
         f"precision   {m.precision}" + (f" (int4 blocks of {m.extra['int4_block_size']})"
                                          if "int4_block_size" in m.extra else ""),
     ]
-    carried = m.extra.get("gguf_carried_weights") or {}
+    carried, folded = m.extra.get("gguf_carried_weights") or {}, m.extra.get("folded_offsets") or {}
     if any(carried.values()):
-        lines.append(f"from GGUF   {sum(carried.values())} weights carried losslessly from the source file's blocks ("
-                     + ", ".join(f"{k} {v}" for k, v in carried.items() if v) + ")")
+        by_graph = ", ".join(f"{k} {v}" for k, v in carried.items() if v)
+        line = f"from GGUF   {sum(carried.values())} weights carried losslessly from the source file's blocks ({by_graph})"
+        if any(folded.values()):
+            line = (f"from GGUF   {sum(carried.values())} weights carried from the source file's blocks ({by_graph}): "
+                    f"values and scales losslessly, the float minima folded into {sum(folded.values())} matmuls")
+        lines.append(line)
+    elif any(folded.values()):
+        lines.append(f"offsets     float offsets folded into {sum(folded.values())} matmuls")
     outliers = m.extra.get("float_outlier_channels") or {}
     if any(outliers.values()):
         lines.append(f"outliers    {sum(outliers.values())} activation channels computed in float beside the "

@@ -7,16 +7,18 @@ CPUs with AVX-512 VNNI but not on AVX2 alone (the one-row path is another kernel
 nowhere. So the forms here are symmetric int8 in blocks of 32 and symmetric int4 in blocks of 32
 where the bundle's row check passes, else 16 (integer zero points: float ones run a ~70x slower
 path); every bundle is checked row by row (runtime.row_check) before it is installed. A GGUF's
-own blocks are carried where they map (gguf_blocks.py): a Q4_1 / Q4_K float minimum as an offset
-term beside the MatMulNBits (nbits.offset_nodes), Q5_0 / Q6_K / Q8_0 tensors at 8 bits even in an
+own blocks are carried where they map (gguf_blocks.py): a Q4_1 / Q4_K float minimum as an offset,
+folded into the MatMulNBits by default (folding.py: integer zero points plus the input's block sums
+as extra rows of K) or, with exact_offsets, as an exact float32 term beside it (nbits.offset_nodes),
+Q5_0 / Q6_K / Q8_0 tensors at 8 bits even in an
 int4 graph. Activation outlier channels, which would set their neighbours' int8 step, are computed
 in float beside the MatMulNBits (outliers.py; the int8 default).
 
 Methods (all in MatMulNBits' layout, same kernels): "rtn" rounds to nearest with each block's
 largest magnitude on the grid (nbits.py: at 4 bits on -8, ONNX Runtime's grid; at 8 bits over
 +-127 with positive scales, so TensorRT can hold it exactly); "mse" picks each block's scale by
-squared error; "minmax" spans each 32's [min, max] with a float offset (GGUF Q4_1's form, the
-offset term beside the MatMulNBits: nbits.offset_nodes); "gptq" rounds onto minmax's grid at 4
+squared error; "minmax" spans each 32's [min, max] with a float offset (GGUF Q4_1's form, folded
+or an offset term as above); "gptq" rounds onto minmax's grid at 4
 bits (rtn's at 8) with each row's error folded into the rows after it against the calibration
 text's activations (gptq.py), the most accurate where a GGUF's own blocks do not map; "ort" is ONNX Runtime's own quantizer (matmul_nbits_quantizer, RTN), whose 8-bit
 blocks reach -128 with negative scales and so have no exact TensorRT form.
@@ -63,11 +65,14 @@ class ComputeOptions:
     passes the row check here; a bundle for AVX2 devices made on an AVX-512 machine needs 16),
     whether the graphs are fused for ONNX Runtime (fusion.py; off only to measure what it gains),
     and whether activation outlier channels are computed in float (outliers.py; None: for int8,
-    where it buys top-1 agreement at 8-10% of the speed, not for int4, bought for speed)."""
+    where it buys top-1 agreement at 8-10% of the speed, not for int4, bought for speed), and
+    whether float offsets (a GGUF's Q4_1 / Q4_K minima, minmax / gptq) stay an exact float32 term
+    beside each MatMulNBits or are folded into it (folding.py; the default, faster)."""
 
     int4_block: int | None = None
     fuse: bool = True
     float_outliers: bool | None = None
+    exact_offsets: bool = False
 
     def outliers_for(self, precision: str) -> bool:
         return self.float_outliers if self.float_outliers is not None else precision == "int8"
@@ -125,7 +130,8 @@ def quantize_graph(src: Path, dst: Path, precision: str, method: str = "rtn", in
         fusion.fuse_sibling_matmuls(model)
     chosen, carried = compute_form(precision, options), 0
     if method != "ort":
-        carried = _own_blocks(model, chosen, "absmax" if method == "rtn" else method, index, outliers, grams)
+        carried = _own_blocks(model, chosen, "absmax" if method == "rtn" else method, index, outliers, grams,
+                              fold=not options.exact_offsets)
     else:
         quantizer = mnb.MatMulNBitsQuantizer(model, algo_config=_algo_config(chosen, method),
                                              accuracy_level=ACCURACY_LEVEL)
@@ -153,15 +159,16 @@ def _blocks(w, form: ComputeForm, method: str, index, gram=None):
 
 
 def _own_blocks(model, form: ComputeForm, method: str, index=None, outliers: dict | None = None,
-                grams: dict | None = None) -> int:
+                grams: dict | None = None, fold: bool = True) -> int:
     """Every MatMul with an initializer weight [K, N] as MatMulNBits; returns how many were carried.
 
     `outliers`: activation -> channels computed in float beside the MatMulNBits (outliers.py);
-    `grams`: activation -> Xᵀ X over the calibration text, for GPTQ (gptq.py)."""
+    `grams`: activation -> Xᵀ X over the calibration text, for GPTQ (gptq.py); `fold`: float
+    offsets folded into the MatMulNBits (folding.py) rather than an exact term beside it."""
     from onnx import numpy_helper
 
     inits = {t.name: t for t in model.graph.initializer}
-    nodes, carried, shared = [], 0, {"sums": {}, "outliers": {}}
+    nodes, carried, shared = [], 0, {"sums": {}, "outliers": {}, "joined": {}, "fold": fold}
     for node in model.graph.node:
         weight = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
         if weight is None or len(weight.dims) != 2 or weight.dims[0] % form.block_size:
@@ -178,13 +185,17 @@ def _own_blocks(model, form: ComputeForm, method: str, index=None, outliers: dic
 
 
 def _compute_nodes(model, node, weight: str, blocks, channels, shared: dict) -> list:
-    """MatMul `node` as a MatMulNBits over `blocks`, then its outlier term, then its offset term."""
-    from . import nbits, outliers
+    """MatMul `node` as a MatMulNBits over `blocks`, then its outlier term, then its offset term
+    (folded into the MatMulNBits where no outlier channels are: their float rows are the symmetric
+    values', which the folded zero points would change)."""
+    from . import folding, nbits, outliers
 
     x, out = node.input[0], node.output[0]
     with_offsets = blocks.offsets is not None
     if channels is None and not with_offsets:
         return [nbits.matmul_node(model, node, weight, blocks, ACCURACY_LEVEL)]
+    if channels is None and shared["fold"]:
+        return folding.folded_nodes(model, x, out, weight, blocks, ACCURACY_LEVEL, node.name + ".nbits", shared)
     product = last = f"{out}.product"
     prelude, reads, terms = [], x, []
     if channels is not None:

@@ -138,26 +138,35 @@ def matmul_node(model, node, weight_name: str, blocks: Blocks, accuracy_level: i
     )
 
 
+def block_sum_nodes(model, x: str, sums: dict) -> list:
+    """Nodes summing x [B, S, K] over each 32 of K into `sums[x]` [B, S, K/32], once per activation
+    (`sums`: activation -> its block sums, shared by every matmul reading it); [] when made already."""
+    from onnx import helper, numpy_helper
+
+    if x in sums:
+        return []
+    sums[x] = f"{x}.block_sums"
+    shape, axes = f"{x}.block_shape", f"{x}.block_axis"
+    model.graph.initializer.extend([
+        numpy_helper.from_array(np.array([0, 0, -1, OFFSET_BLOCK], np.int64), shape),
+        numpy_helper.from_array(np.array([-1], np.int64), axes)])
+    return [helper.make_node("Reshape", [x, shape], [f"{x}.blocks"], name=f"{x}.blocks"),
+            helper.make_node("ReduceSum", [f"{x}.blocks", axes], [sums[x]], name=sums[x], keepdims=0)]
+
+
 def offset_nodes(model, x: str, product: str, out: str, offsets: np.ndarray, sums: dict) -> list:
     """Nodes adding `offsets` [N, K/32]'s term to MatMulNBits output `product`, as `out`.
 
-    x [B, S, K] is summed over each 32 of K once per activation (`sums`: activation -> its block
-    sums, shared by every matmul reading it); [B, S, K/32] @ offsets.T is a small float32 matmul
-    (an 8-bit MatMulNBits for it measured slower, and lost 2.5 points of top-1 agreement) whose
-    rows, like the Reshape / ReduceSum / Add around it, do not depend on how many a call carries
-    (row_check asserts it for every bundle).
+    x [B, S, K] is summed over each 32 of K (block_sum_nodes); [B, S, K/32] @ offsets.T is a small
+    float32 matmul (an 8-bit MatMulNBits for it measured slower, and lost 2.5 points of top-1
+    agreement) whose rows, like the Reshape / ReduceSum / Add around it, do not depend on how many
+    a call carries (row_check asserts it for every bundle). The quantizer's default folds the
+    term into the MatMulNBits instead (folding.py); this exact form stays for --exact-offsets and
+    for TensorRT.
     """
     from onnx import helper, numpy_helper
 
-    nodes = []
-    if x not in sums:
-        sums[x] = f"{x}.block_sums"
-        shape, axes = f"{x}.block_shape", f"{x}.block_axis"
-        model.graph.initializer.extend([
-            numpy_helper.from_array(np.array([0, 0, -1, OFFSET_BLOCK], np.int64), shape),
-            numpy_helper.from_array(np.array([-1], np.int64), axes)])
-        nodes += [helper.make_node("Reshape", [x, shape], [f"{x}.blocks"], name=f"{x}.blocks"),
-                  helper.make_node("ReduceSum", [f"{x}.blocks", axes], [sums[x]], name=sums[x], keepdims=0)]
+    nodes = block_sum_nodes(model, x, sums)
     table = f"{out}.offsets"
     model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(offsets.T), table))  # [K/32, N]
     nodes += [helper.make_node("MatMul", [sums[x], table], [f"{out}.offset"], name=f"{out}.offset"),

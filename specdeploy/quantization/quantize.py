@@ -97,26 +97,38 @@ def _gguf_indexes(manifest, plan: dict, method: str) -> dict:
 
 def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str, calibration, indexes,
                      echo, options: ComputeOptions) -> tuple[dict, dict]:
-    """Each graph quantized into `tmp` (the tied embedding too); (files by stem, carried counts)."""
-    files, carried, found = {}, {}, calibration.outliers
+    """Each graph quantized into `tmp` (the tied embedding too); (files by stem, carried counts,
+    folded counts)."""
+    from .folding import folded_count
+
+    files, carried, folded, found = {}, {}, {}, calibration.outliers
     for name, graph in manifest.graphs.items():
         src, dst = bundle / graph.file, tmp / graph.file
         carried[name] = _quantize_graph(src, dst, plan[name], method, calibration.feeds.get(name), indexes,
                                         options, found.get(name), calibration.grams(name))
+        folded[name] = folded_count(dst) if plan[name] in COMPUTE_FORMS else 0
         files[Path(graph.file).stem] = dst if plan[name] != "fp32" else src
-        lossless = f" ({carried[name]} weights carried losslessly from the GGUF's own blocks)" if carried[name] else ""
         blocks = f" in blocks of {options.int4_block}" if plan[name] == "int4" and options.int4_block else ""
         channels = found.get(name) or {}
         kept = (f"; {sum(map(len, channels.values()))} activation outlier channels of {len(channels)} matmul "
                 f"inputs in float" if channels else "")
-        echo(f"{name}: {plan[name]}{blocks}{lossless}{kept}")
+        echo(f"{name}: {plan[name]}{blocks}{_carried(carried[name], folded[name])}{kept}")
     draft, head = plan[io_names.DRAFT], plan[io_names.HEAD]
     bits = draft in COMPUTE_FORMS and head == draft and quantize_embedding(
         tmp / manifest.graph(io_names.DRAFT).file, tmp / manifest.graph(io_names.HEAD).file, draft,
         indexes.get(draft), options)
     if bits:
         echo(f"embedding: {bits}-bit blocks (GatherBlockQuantized)")
-    return files, carried
+    return files, carried, folded
+
+
+def _carried(carried: int, folded: int) -> str:
+    if not folded:
+        return f" ({carried} weights carried losslessly from the GGUF's own blocks)" if carried else ""
+    if not carried:
+        return f" ({folded} weights' float offsets folded into their matmuls)"
+    return (f" ({carried} weights carried from the GGUF's own blocks: values and scales losslessly, the float "
+            f"minima of {folded} folded into their matmuls; --exact-offsets keeps them exact)")
 
 
 def quantize_bundle(bundle: Path, precision: str, draft_precision: str | None = None,
@@ -143,8 +155,8 @@ def quantize_bundle(bundle: Path, precision: str, draft_precision: str | None = 
     indexes = _gguf_indexes(manifest, plan, method)
     with tempfile.TemporaryDirectory(dir=bundle.parent, prefix=".quantize-") as tmp:
         tmp = Path(tmp)
-        files, carried = _quantize_graphs(bundle, manifest, plan, tmp, method, calibration, indexes, echo,
-                                          options)
+        files, carried, folded = _quantize_graphs(bundle, manifest, plan, tmp, method, calibration, indexes,
+                                                  echo, options)
         out = tmp / "bundle"
         out.mkdir()
         weights.share(files, out, manifest.weights)
@@ -156,6 +168,8 @@ def quantize_bundle(bundle: Path, precision: str, draft_precision: str | None = 
     if tensorrt:
         graphs = _tensorrt_forms(bundle, graphs, echo)
     extra = {**manifest.extra, "gguf_carried_weights": carried} if any(carried.values()) else manifest.extra
+    if any(folded.values()):
+        extra = {**extra, "folded_offsets": folded}
     if any(found.values()):
         extra = {**extra, "float_outlier_channels": {n: int(sum(map(len, c.values()))) for n, c in found.items()}}
     if "int4" in plan.values():
@@ -187,21 +201,40 @@ def quantize_into(source: Path, target: Path, precision: str, draft_precision: s
                   echo: Callable[[str], None] = print, method: str = "rtn", tensorrt: bool = False,
                   options: ComputeOptions = ComputeOptions()) -> Path:
     """Copy the fp32 bundle `source` to the new directory `target` and quantize it there, int4 in
-    the largest block of `options.blocks()` whose graphs pass the row check on this machine."""
+    the largest block of `options.blocks()` whose graphs pass the row check on this machine; float
+    offsets folded where a block size passes so, else kept exact (its kernel's rows differ on
+    fewer CPUs: no zero points)."""
     plan = graph_precisions(manifest_io.read(source), precision, draft_precision, verify_precision)
     blocks = options.blocks() if "int4" in plan.values() else (None,)
-    smallest = min(INT4_BLOCKS)
-    for block, following in zip(blocks, (*blocks[1:], None)):
+    attempts, folded = [(block, options.exact_offsets) for block in blocks], False
+    while True:
+        block, exact = attempts.pop(0)
         shutil.copytree(source, target)
         try:
             return quantize_bundle(target, precision, draft_precision, verify_precision, texts, echo, method,
-                                   tensorrt, dataclasses.replace(options, int4_block=block))
+                                   tensorrt, dataclasses.replace(options, int4_block=block, exact_offsets=exact))
         except RowDependenceError as exc:
-            if following is None:
+            folded = folded or _folded(target)
+            if not attempts and folded and not exact:
+                attempts = [(b, True) for b in blocks]
+            if not attempts:
+                smallest = min(INT4_BLOCKS)
                 hint = f" (int4 in blocks of {smallest} is row-independent on more CPUs: --int4-block {smallest})"
                 raise RowDependenceError(f"{exc}{hint if block not in (None, smallest) else ''}") from None
             shutil.rmtree(target)
-            echo(f"int4 in blocks of {block} is not row-independent on this machine; trying blocks of {following}")
+            echo(f"{_form(block, exact, folded)} is not row-independent on this machine; trying "
+                 f"{_form(*attempts[0], folded)}")
+
+
+def _folded(bundle: Path) -> bool:
+    from .folding import folded_count
+
+    return any(folded_count(bundle / g.file) for g in manifest_io.read(bundle).graphs.values())
+
+
+def _form(block: int | None, exact: bool, folded: bool) -> str:
+    offsets = ("exact offsets" if exact else "offsets folded") if folded else ""
+    return ", ".join(part for part in (f"int4 in blocks of {block}" if block else "", offsets) if part)
 
 
 def quantized_copy(source: Path, target: Path, precision: str, draft_precision: str | None = None,

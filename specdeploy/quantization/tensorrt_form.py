@@ -11,7 +11,10 @@ need +8 (so an int4 graph's TensorRT weights may be INT8: exact values, twice th
 refused where 8 bits would need +128 (ONNX Runtime's own 8-bit quantizer), so values stay exact.
 The fused rotary and residual-norm nodes of the ONNX Runtime graph go back to standard ops first
 (fusion.unfuse); fused sibling matmuls stay one MatMul and a Split, and a GGUF Q4_1 weight's
-offset term (nbits.offset_nodes) is standard ops already and stays as it is.
+offset term (nbits.offset_nodes) is standard ops already and stays as it is. A folded one
+(folding.py: integer zero points and block-sum rows, which TensorRT's weight-only path does not
+take) goes back to that offset form over the input before the block sums were appended, holding
+the offsets the folded node computes with.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import fusion, nbits
+from . import folding, fusion, nbits
 from .rewrites import attrs as _attrs, set_nodes, use_ms_domain
 
 SUFFIX = ".trt.onnx"  # beside graph.onnx: what build-engines parses for an int4/int8 graph
@@ -65,10 +68,13 @@ def convert(model) -> int:
     fusion.unfuse(model)
     inits = {t.name: t for t in model.graph.initializer}
     array = lambda name: numpy_helper.to_array(inits[name])                      # noqa: E731
-    nodes, count = [], 0
+    joined = {n.output[0]: n.input for n in model.graph.node if n.op_type == "Concat"}
+    nodes, count, sums = [], 0, {}
     for node in model.graph.node:
         a = _attrs(node)
-        if node.op_type == "MatMulNBits" and len(node.input) == 3:
+        if node.op_type == "MatMulNBits" and len(node.input) == 4 and node.input[0] in joined:
+            nodes += _unfolded(model, node, a, array, joined[node.input[0]], sums)
+        elif node.op_type == "MatMulNBits" and len(node.input) == 3:
             blocks = nbits.unpack(array(node.input[1]), array(node.input[2]), a["bits"], a["block_size"])
             weight = node.name + ".weight"
             nodes += _dq_weight(model, weight, blocks, transpose=False)
@@ -84,9 +90,30 @@ def convert(model) -> int:
             nodes.append(node)
             continue
         count += 1
-    set_nodes(model, nodes)
+    set_nodes(model, _read(nodes, {o.name for o in model.graph.output}))
     use_ms_domain(model, used=False)
     return count
+
+
+def _unfolded(model, node, a: dict, array, joined, sums: dict) -> list:
+    """A folded MatMulNBits over [x, block sums of x] as DequantizeLinear → MatMul over x plus the
+    offset term over the same block sums."""
+    from onnx import helper
+
+    x, block_sums = joined
+    sums.setdefault(x, block_sums)
+    blocks = folding.unfold(array(node.input[1]), array(node.input[2]), array(node.input[3]), a["K"], a["bits"],
+                            a["block_size"])
+    weight, product = node.name + ".weight", node.name + ".product"
+    return [*_dq_weight(model, weight, blocks, transpose=False),
+            helper.make_node("MatMul", [x, weight], [product], name=node.name),
+            *nbits.offset_nodes(model, x, product, node.output[0], blocks.offsets, sums)]
+
+
+def _read(nodes: list, outputs: set) -> list:
+    """`nodes` without the Concats nothing reads any more (those the folded matmuls read)."""
+    read = outputs | {name for n in nodes for name in n.input}
+    return [n for n in nodes if n.op_type != "Concat" or n.output[0] in read]
 
 
 def write(src: Path, dst: Path) -> int:

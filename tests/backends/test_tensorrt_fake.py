@@ -152,15 +152,19 @@ def _dequantized(model, name):
 
 
 def test_int4_and_int8_bundles_build_from_their_dequantize_form(tiny_bundle, tmp_path, monkeypatch):
-    """TensorRT gets DequantizeLinear(block_size) weights holding exactly MatMulNBits' values."""
+    """TensorRT gets DequantizeLinear(block_size) weights holding exactly MatMulNBits' values (and,
+    for folded offsets, the offset term holding the offsets the folded node computes with)."""
+    import dataclasses
+
     import onnx
 
-    from specdeploy.quantization import nbits
+    from specdeploy.quantization import folding, nbits
     from specdeploy.quantization.quantize import quantize
 
     fake_tensorrt.install(monkeypatch)
-    for precision in ("int4", "int8"):
-        bundle = quantize(tiny_bundle, tmp_path / precision, precision, report=False, tensorrt=True,
+    for kind in ("int4", "int8", "int4-minmax"):
+        precision, method = (kind.split("-") + ["rtn"])[:2]
+        bundle = quantize(tiny_bundle, tmp_path / kind, precision, report=False, tensorrt=True, method=method,
                           echo=lambda s: None)
         manifest = manifest_io.read(bundle)
         for name, graph in manifest.graphs.items():
@@ -175,8 +179,14 @@ def test_int4_and_int8_bundles_build_from_their_dequantize_form(tiny_bundle, tmp
                 if node.op_type != "MatMulNBits":
                     continue
                 attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-                blocks = nbits.unpack(_dequantized(ort_graph, node.input[1]), _dequantized(ort_graph, node.input[2]),
-                                      attrs["bits"], attrs["block_size"])
+                arrays = [_dequantized(ort_graph, name) for name in node.input[1:]]
+                if len(arrays) == 3:  # folded: the symmetric values, the offsets as a float term
+                    blocks = folding.unfold(*arrays, attrs["K"], attrs["bits"], attrs["block_size"])
+                    np.testing.assert_array_equal(_dequantized(trt_graph, node.output[0] + ".offsets"), blocks.offsets.T)
+                    blocks = dataclasses.replace(blocks, offsets=None)
+                else:
+                    blocks = nbits.unpack(*arrays, attrs["bits"], attrs["block_size"])
+                assert (len(arrays) == 3) == (kind == "int4-minmax")
                 weight = dq[node.name + ".weight"]
                 q = _dequantized(trt_graph, weight.input[0]).astype(np.float32)            # [K, N]
                 scale = np.repeat(_dequantized(trt_graph, weight.input[1]), attrs["block_size"], axis=0)  # [K, N]
