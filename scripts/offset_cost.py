@@ -1,17 +1,20 @@
-"""What an exact int4 bundle's offset term costs a plain step: its tables' bytes and its ops, one run.
+"""What an exact int4 bundle's offset term costs a plain step, and what folding it recovers, one run.
 
 Usage: python scripts/offset_cost.py BUNDLE [--repeats 3] [--max-tokens 64]
-BUNDLE carries float offsets beside its MatMulNBits (a GGUF's Q4_1 / Q4_K blocks, or --method
-minmax / gptq: nbits.offset_nodes). Two probe copies are written to a temporary directory: "thin
-tables" keeps every op of the term but cuts each offsets table [K/32, N] to its first column (the
-bytes gone, the ops kept); "no term" removes the term (neither). Both compute other logits than
-the bundle: they price the term and are never bundles to ship. Each prompt (one per bench
-category, chat template, EOS ignored; cut to fit the context) decodes plain on the three engines,
-alternating which goes first; the last line splits the term's share of a step into the two parts.
+BUNDLE carries exact float offsets beside its MatMulNBits (`quantize --exact-offsets` of a GGUF's
+Q4_1 / Q4_K blocks, or of --method minmax / gptq: nbits.offset_nodes). Three probe copies are
+written to a temporary directory: "folded" is the bundle's graphs with each term folded into its
+MatMulNBits, as `quantize` makes them by default (folding.py); "thin tables" keeps every op of the
+term but cuts each offsets table [K/32, N] to its first column (the bytes gone, the ops kept); "no
+term" removes the term (neither). The last two compute other logits than the bundle: they price
+the term and are never bundles to ship. Each prompt (one per bench category, chat template, EOS
+ignored; cut to fit the context) decodes plain on the four engines, alternating the order; the
+last lines split the term's share of a step into the two parts and say how much folding saves.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shutil
 import tempfile
 import time
@@ -46,6 +49,38 @@ def drop_terms(model) -> int:
         node.input[:] = [rename.get(name, name) for name in node.input]
     _prune(model, keep=outputs)
     return len(rename)
+
+
+def fold_terms(model) -> int:
+    """Each offset term folded into its MatMulNBits (folding.folded_nodes, the quantizer's default),
+    reading the block sums the term already computes; terms behind outlier rows are left as they are."""
+    from onnx import numpy_helper
+
+    from specdeploy.quantization import folding, nbits
+    from specdeploy.quantization.rewrites import attrs, set_nodes
+
+    array = {t.name: t for t in model.graph.initializer}
+    producers = {o: n for n in model.graph.node for o in n.output}
+    adds = {n.input[1]: n for n in model.graph.node if n.op_type == "Add"}
+    placed, gone, shared = {}, set(), {"sums": {}, "joined": {}}
+    for term in _offset_matmuls(model):
+        add = adds[term.output[0]]
+        product = producers[add.input[0]]
+        if product.op_type != "MatMulNBits" or len(product.input) != 3:
+            continue
+        a, (x, b, scales) = attrs(product), product.input
+        blocks = nbits.unpack(numpy_helper.to_array(array[b]), numpy_helper.to_array(array[scales]), a["bits"],
+                              a["block_size"])
+        blocks = dataclasses.replace(blocks, offsets=numpy_helper.to_array(array[term.input[1]]).T.copy())
+        shared["sums"][x] = term.input[0]
+        placed[add.output[0]] = folding.folded_nodes(model, x, add.output[0], f"{b}.folded", blocks,
+                                                     a["accuracy_level"], f"{product.name}.folded", shared)
+        gone |= {product.output[0], term.output[0]}
+    nodes = []
+    for node in model.graph.node:
+        nodes += placed.get(node.output[0], [] if node.output[0] in gone else [node])
+    set_nodes(model, nodes)
+    return len(placed)
 
 
 def _prune(model, keep: set) -> None:
@@ -108,19 +143,22 @@ def main() -> None:
     args = parser.parse_args()
     engines = {"bundle": Engine(args.bundle)}
     with tempfile.TemporaryDirectory() as tmp:
-        for label, rewrite in (("thin tables", thin_tables), ("no term", drop_terms)):
+        for label, rewrite in (("folded", fold_terms), ("thin tables", thin_tables), ("no term", drop_terms)):
             path = Path(tmp) / label.replace(" ", "-")
             if probe_copy(args.bundle, path, rewrite) == 0:
-                raise ConfigError(f"{args.bundle} has no offset term to price; give an int4 bundle made from "
-                                  f"a GGUF's Q4_1 / Q4_K blocks or with --method minmax or gptq")
+                raise ConfigError(f"{args.bundle} has no exact offset term to price; give an int4 bundle made "
+                                  f"with 'quantize --exact-offsets' from a GGUF's Q4_1 / Q4_K blocks or with "
+                                  f"--method minmax or gptq")
             engines[label] = Engine(path)
         step = _seconds_per_token(engines, args.repeats, args.max_tokens)
     for label, seconds in step.items():
         print(f"{label:12s} {1 / seconds:7.1f} tok/s  ({step['bundle'] / seconds:.3f}x the bundle)")
-    base = step["bundle"]
-    print(f"offset term: {100 * (base - step['no term']) / base:.1f}% of a plain step "
+    base, term = step["bundle"], step["bundle"] - step["no term"]
+    print(f"offset term: {100 * term / base:.1f}% of a plain step "
           f"(tables' bytes {100 * (base - step['thin tables']) / base:.1f}%, "
           f"its ops {100 * (step['thin tables'] - step['no term']) / base:.1f}%)")
+    print(f"folded: {100 * (step['folded'] - step['no term']) / base:.1f}% of a plain step "
+          f"({100 * (base - step['folded']) / term:.0f}% of the term's time saved)")
 
 
 if __name__ == "__main__":

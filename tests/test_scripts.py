@@ -4,6 +4,7 @@ import importlib
 import importlib.util
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,20 +102,23 @@ def test_round_overhead_times_the_drafters_choices_while_decoding(tiny_bundle):
 
 
 def test_offset_cost_prices_the_term_on_probe_copies_that_keep_its_ops_or_drop_it(tiny_bundle, tmp_path):
-    """The probes are what they say: thin tables keep every op with one-column tables; no term
-    leaves the graphs with no offset op at all; then all three decode and the split is printed."""
+    """The probes are what they say: folded is what `quantize` makes by default (the same arrays);
+    thin tables keep every op with one-column tables; no term leaves the graphs with no offset op at
+    all; then all four decode and the split is printed."""
     import subprocess
     import sys
 
     import onnx
 
     from specdeploy.bundle import manifest as manifest_io
+    from specdeploy.quantization.compute import ComputeOptions
     from specdeploy.quantization.quantize import quantize
 
     spec = importlib.util.spec_from_file_location("offset_cost", ROOT / "scripts" / "offset_cost.py")
     offset_cost = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(offset_cost)
-    bundle = quantize(tiny_bundle, tmp_path / "minmax", "int4", method="minmax", echo=lambda line: None)
+    bundle = quantize(tiny_bundle, tmp_path / "minmax", "int4", method="minmax", echo=lambda line: None,
+                      options=ComputeOptions(exact_offsets=True))
     verify = manifest_io.read(bundle).graph("verify").file
 
     def graph(path):
@@ -129,16 +133,34 @@ def test_offset_cost_prices_the_term_on_probe_copies_that_keep_its_ops_or_drop_i
     gone = graph(tmp_path / "none")
     assert not offset_cost._offset_matmuls(gone) and "ReduceSum" not in ops(gone)
     assert ops(gone).count("MatMulNBits") == ops(graph(bundle)).count("MatMulNBits")
+    assert offset_cost.probe_copy(bundle, tmp_path / "folded", offset_cost.fold_terms) > 0
+    default = quantize(tiny_bundle, tmp_path / "default", "int4", method="minmax", echo=lambda line: None, report=False)
+    mine, made = _folded_arrays(graph(tmp_path / "folded")), _folded_arrays(graph(default))
+    assert len(mine) == len(made) == len(offset_cost._offset_matmuls(graph(bundle))) and not tables(graph(default))
+    for a, b in zip(mine, made):
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
 
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "offset_cost.py"), str(bundle), "--repeats", "1",
                           "--max-tokens", "8"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    *rows, split = out.stdout.splitlines()
-    assert [row[:12].strip() for row in rows] == ["bundle", "thin tables", "no term"]
+    *rows, split, saved = out.stdout.splitlines()
+    assert [row[:12].strip() for row in rows] == ["bundle", "folded", "thin tables", "no term"]
     assert "(1.000x the bundle)" in rows[0] and split.startswith("offset term: ") and "tables' bytes" in split
-    plain = subprocess.run([sys.executable, str(ROOT / "scripts" / "offset_cost.py"), str(tiny_bundle)],
-                           capture_output=True, text=True, timeout=300)
-    assert plain.returncode == 1 and "has no offset term" in plain.stderr and "Traceback" not in plain.stderr
+    assert saved.startswith("folded: ") and "of the term's time saved" in saved
+    for other in (tiny_bundle, default):
+        plain = subprocess.run([sys.executable, str(ROOT / "scripts" / "offset_cost.py"), str(other)],
+                               capture_output=True, text=True, timeout=300)
+        assert plain.returncode == 1 and "has no exact offset term" in plain.stderr and "Traceback" not in plain.stderr
+
+
+def _folded_arrays(model) -> list:
+    """The initializers of each folded MatMulNBits (values, scales, zero points), in graph order."""
+    from onnx import numpy_helper
+
+    arrays = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    return [[arrays[name] for name in n.input[1:]] for n in model.graph.node
+            if n.op_type == "MatMulNBits" and len(n.input) == 4]
 
 
 @pytest.mark.parametrize("script, bundles", [("arena_ab", 1), ("copy_length_ab", 1), ("outlier_channels", 1),
