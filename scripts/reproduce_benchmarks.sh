@@ -19,8 +19,11 @@ scripts/setup_peers.sh
 for p in int8 int4; do
     [ -f "engine-$p.plan/manifest.json" ] || specdeploy quantize engine.plan --precision "$p" -o "engine-$p.plan"
 done
-# int4 re-rounded onto symmetric blocks (what ONNX Runtime GenAI's int4 does) beside the exact default
+# int4 re-rounded onto symmetric blocks (what ONNX Runtime GenAI's int4 does) beside the carried default,
+# and the carried form with its Q4_1 minima exact (an offset term) instead of folded into the matmuls
 [ -f int4-ort.plan/manifest.json ] || specdeploy quantize engine.plan --precision int4 --method ort -o int4-ort.plan
+[ -f engine-int4-exact.plan/manifest.json ] || specdeploy quantize engine.plan --precision int4 --exact-offsets \
+    -o engine-int4-exact.plan
 .venv-peers/bin/specdeploy bench engine.plan --compare --also engine-int8.plan --also engine-int4.plan \
     --also int4-ort.plan --model "$model" --repeats 3 --prompts-per-category 1 -o docs/bench/peers
 for i in 1 2 3; do   # the exact int4 against llama.cpp, three runs in a row
@@ -41,7 +44,12 @@ python scripts/arena_ab.py engine-int4.plan; python scripts/arena_ab.py engine.p
 python scripts/copy_length_ab.py engine-int4.plan --prompts-per-category 4 --repeats 3   # priced copies vs copy all
 python scripts/copy_length_ab.py engine.plan                                             # the same on fp32
 python scripts/round_overhead.py engine-int4.plan --category qa                  # the drafter's choices between passes
-python scripts/offset_cost.py engine-int4.plan                                # the exact form's offset term: its bytes and its ops
+python scripts/offset_cost.py engine-int4-exact.plan    # the exact offset term: its bytes, its ops, what folding saves
+for i in 1 2 3; do   # folded (the default) against exact offsets, llama.cpp and ONNX Runtime GenAI, three runs in a row
+    .venv-peers/bin/specdeploy bench engine-int4.plan --compare --also engine-int4-exact.plan --also int4-ort.plan \
+        --peers llama.cpp,ortgenai-int4 --model "$model" --repeats 3 --prompts-per-category 1 --no-plots \
+        -o "docs/bench/int4-vs-llamacpp/folded/$i"
+done
 sync   # pages just written stay dirty, and a dirty page is not paged out
 for b in engine-int4.plan int4-ort.plan engine.plan engine-int8.plan int8-nofloat.plan; do python scripts/memory_breakdown.py "$b"; done
 python scripts/memory_breakdown.py engine.plan --keep   # what the heap trim returns
