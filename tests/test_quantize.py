@@ -439,6 +439,27 @@ def test_folding_moves_each_offset_by_at_most_half_a_step_of_its_rows_grid(bits,
     assert folded.k == 160 + 160 // 32
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+def test_folded_minmax_blocks_compute_what_the_exact_term_does_at_either_width(bits):
+    """int8 --method minmax has float offsets too: folded at 8 bits (8-bit zero points and
+    remainder rows) it runs in ONNX Runtime and lands as close to x @ W as the exact term."""
+    from specdeploy.quantization import compute
+
+    rng = np.random.default_rng(6)
+    weight = (rng.normal(size=(128, 64)) * 0.5 + rng.uniform(-1, 1, size=(1, 64))).astype(np.float32)
+    x = rng.normal(size=(1, 4, 128)).astype(np.float32)
+    want = x @ nbits.quantize(weight, bits, 32, "minmax").dequantize()
+    errors = {}
+    for fold in (False, True):
+        model = _matmul_model(weight)
+        compute._own_blocks(model, compute.ComputeForm(bits=bits, block_size=32), "minmax", fold=fold)
+        assert sum(n.op_type == "Concat" for n in model.graph.node) == fold
+        errors[fold] = np.abs(_session(model).run(None, {"x": x})[0] - want).max()
+        if not fold or _cpu_has("avx512_vnni"):
+            assert_rows_independent(_session(model), x)
+    assert errors[True] < 2 * errors[False] < 0.01 * np.abs(want).max()
+
+
 def test_the_tensorrt_form_of_a_folded_weight_is_the_offset_form_it_holds():
     """TensorRT takes no zero points: a folded MatMulNBits goes back to DequantizeLinear over the
     symmetric values plus the offset term over the same block sums, no Concat left."""

@@ -2,8 +2,8 @@
 block sums as extra rows of K.
 
 The exact offset term (nbits.offset_nodes) reads a float32 table [K/32, N] beside each weight and
-runs a matmul and an add; on the example it was 15% of a plain int4 step, which is bound by the
-bytes it reads (scripts/offset_cost.py). Folded, each block with values q (stored as u = q + 2^(b-1)),
+runs a matmul and an add; on the example it was 15% of a plain int4 step, in those tables' bytes
+and its small ops (scripts/offset_cost.py). Folded, each block with values q (stored as u = q + 2^(b-1)),
 scale d and offset o computes
 
     W = d*q + o = d*(u - z) + r,   z = clip(round(2^(b-1) - o/d), 0, 2^b - 1),   r = o - d*(2^(b-1) - z)

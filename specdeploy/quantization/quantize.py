@@ -96,7 +96,7 @@ def _gguf_indexes(manifest, plan: dict, method: str) -> dict:
 
 
 def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str, calibration, indexes,
-                     echo, options: ComputeOptions) -> tuple[dict, dict]:
+                     echo, options: ComputeOptions) -> tuple[dict, dict, dict]:
     """Each graph quantized into `tmp` (the tied embedding too); (files by stem, carried counts,
     folded counts)."""
     from .folding import folded_count
