@@ -45,6 +45,7 @@ python scripts/copy_length_ab.py engine-int4.plan --prompts-per-category 4 --rep
 python scripts/copy_length_ab.py engine.plan                                             # the same on fp32
 python scripts/round_overhead.py engine-int4.plan --category qa                  # the drafter's choices between passes
 python scripts/offset_cost.py engine-int4-exact.plan    # the exact offset term: its bytes, its ops, what folding saves
+python scripts/step_profile.py engine-int4.plan         # a plain step's kernel time by op type
 for i in 1 2 3; do   # folded (the default) against exact offsets, llama.cpp and ONNX Runtime GenAI, three runs in a row
     .venv-peers/bin/specdeploy bench engine-int4.plan --compare --also engine-int4-exact.plan --also int4-ort.plan \
         --peers llama.cpp,ortgenai-int4 --model "$model" --repeats 3 --prompts-per-category 1 --no-plots \

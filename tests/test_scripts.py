@@ -163,9 +163,24 @@ def _folded_arrays(model) -> list:
             if n.op_type == "MatMulNBits" and len(n.input) == 4]
 
 
+def test_step_profile_counts_each_op_types_kernels_a_step(tiny_bundle):
+    """On the tiny fp32 bundle: a line a step's op type from ONNX Runtime's own profiles, the
+    shares of all kernel time adding up, the float matmuls among them."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "step_profile.py"), str(tiny_bundle),
+                          "--max-tokens", "4", "--top", "50"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    head, *rows = out.stdout.splitlines()
+    assert head.startswith("4 plain steps (and the prefill)") and "kernels a step" in head
+    shares = {row.split()[0]: float(row.split()[3].rstrip("%")) for row in rows}
+    assert "MatMul" in shares and abs(sum(shares.values()) - 100) < 1
+
+
 @pytest.mark.parametrize("script, bundles", [("arena_ab", 1), ("copy_length_ab", 1), ("outlier_channels", 1),
                                              ("quality_compare", 2), ("round_overhead", 1),
-                                             ("offset_cost", 1)])
+                                             ("offset_cost", 1), ("step_profile", 1)])
 def test_a_script_given_no_bundle_says_so_in_one_line(script, bundles, tmp_path):
     import subprocess
     import sys
