@@ -26,14 +26,17 @@ def test_greedy_speculative_equals_plain_on_example_model(example_engine, source
         assert spec == plain
 
 
-def test_repeated_passage_is_accepted_in_long_rounds(example_engine):
+def test_repeated_passage_is_accepted_in_long_rounds(example_bundle):
+    """A fresh engine: the copy length is priced from what the engine has measured, and the other
+    tests' rounds on a shared one (other text, other acceptance) would set this one's lengths."""
     passage = "The quick brown fox jumps over the lazy dog while the cat sleeps on the warm mat."
     prompt = [{"role": "user", "content": f"Repeat this sentence exactly: {passage} {passage}"}]
-    ids = example_engine.encode_prompt(prompt)
     stats = GenerationStats()
-    spec = example_engine.generate_ids(ids, GenerationConfig(max_new_tokens=40, draft_source="lookup",
-                                                             num_draft_tokens=8), stats)
-    plain = example_engine.generate_ids(ids, GenerationConfig(max_new_tokens=40, speculative=False))
+    with Engine(example_bundle) as engine:
+        ids = engine.encode_prompt(prompt)
+        spec = engine.generate_ids(ids, GenerationConfig(max_new_tokens=40, draft_source="lookup",
+                                                         num_draft_tokens=8), stats)
+        plain = engine.generate_ids(ids, GenerationConfig(max_new_tokens=40, speculative=False))
     assert spec == plain
     assert stats.acceptance_rate > 0.6 and stats.tokens_per_round > 2.5
 
