@@ -113,3 +113,38 @@ def test_sibling_matmuls_become_one_whose_columns_are_bitwise_the_same(bits, blo
     feeds = {"x": RNG.standard_normal((1, ROWS, k), dtype=np.float32)}
     for got, want in zip(_run(model, feeds), _run(separate, feeds)):
         np.testing.assert_array_equal(got, want)
+
+
+def _heads_graph(perm=(0, 2, 1, 3)):
+    """A fused q/k/v output [1, S, (4 + 2 + 2) * 8] split and reshaped into heads as the exporter
+    writes it: per part a Reshape to [B, S, H, D] (B and S read off the input) and a Transpose."""
+    heads, dim = (4, 2, 2), 8
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, None, sum(heads) * dim])
+    outs = [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None) for i in range(3)]
+    model = helper.make_model(helper.make_graph([], "heads", [x], outs), opset_imports=[helper.make_opsetid("", 24)])
+    sizes, d = _int64(model, "sizes", [h * dim for h in heads]), _int64(model, "d", [dim])
+    nodes = [helper.make_node("Split", ["x", sizes], ["p0", "p1", "p2"], axis=-1, name="qkv.split"),
+             helper.make_node("Shape", ["x"], ["batch"], start=0, end=1),
+             helper.make_node("Shape", ["x"], ["rows"], start=1, end=2)]
+    for i, h in enumerate(heads):
+        nodes += [helper.make_node("Concat", ["batch", "rows", _int64(model, f"h{i}", [h]), d], [f"s{i}"], axis=0),
+                  helper.make_node("Reshape", [f"p{i}", f"s{i}"], [f"r{i}"]),
+                  helper.make_node("Transpose", [f"r{i}"], [f"y{i}"], perm=list(perm) if i == 2 else [0, 2, 1, 3])]
+    model.graph.node.extend(nodes)
+    return model
+
+
+def test_head_split_moves_the_same_values_in_three_kernels_instead_of_seven():
+    model = _heads_graph()
+    x = RNG.normal(size=(1, 5, 64)).astype(np.float32)
+    want = _run(model, {"x": x})
+    assert fusion.fuse_head_split(model) == 1
+    ops = [n.op_type for n in model.graph.node]
+    assert sorted(ops) == ["Reshape", "Split", "Transpose"]
+    for got, expected in zip(_run(model, {"x": x}), want):
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_head_split_leaves_a_chain_it_cannot_prove_alone():
+    model = _heads_graph(perm=(0, 2, 3, 1))  # one part transposed otherwise
+    assert fusion.fuse_head_split(model) == 0 and len(model.graph.node) == 12

@@ -406,7 +406,8 @@ def test_a_folded_q4_1_weight_keeps_the_files_values_and_scales_and_its_rows_ind
     held = folding.unfold(*(arrays[name] for name in node.input[1:]), attrs["K"], 4, 16)
     exact_arrays = {t.name: numpy_helper.to_array(t) for t in exact.graph.initializer}
     want = next(nd for nd in exact.graph.node if nd.op_type == "MatMulNBits")
-    np.testing.assert_array_equal(held.q, nbits.unpack(exact_arrays[want.input[1]], exact_arrays[want.input[2]], 4, 16).q)
+    exact_blocks = nbits.unpack(exact_arrays[want.input[1]], exact_arrays[want.input[2]], 4, 16)
+    np.testing.assert_array_equal(held.q, exact_blocks.q)
     np.testing.assert_array_equal(held.scales.reshape(-1), exact_arrays[want.input[2]])
     offsets = next(a for name, a in exact_arrays.items() if name.endswith(".offsets")).T       # [N, K/32]
     row_steps = arrays[node.input[2]].reshape(96, -1)[:, 128 // 16:]                          # [N, na]

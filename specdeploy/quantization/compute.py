@@ -128,6 +128,7 @@ def quantize_graph(src: Path, dst: Path, precision: str, method: str = "rtn", in
     if options.fuse:
         fusion.fuse_float(model)
         fusion.fuse_sibling_matmuls(model)
+        fusion.fuse_head_split(model)
     chosen, carried = compute_form(precision, options), 0
     if method != "ort":
         carried = _own_blocks(model, chosen, "absmax" if method == "rtn" else method, index, outliers, grams,

@@ -1,7 +1,7 @@
 """Fewer, larger kernels for the int4 / int8 graphs ONNX Runtime runs.
 
 A one-token step of the example model was ~1400 kernel launches, half of its time outside the
-quantized matmuls. Three rewrites, each keeping every row's arithmetic independent of how many rows
+quantized matmuls. Four rewrites, each keeping every row's arithmetic independent of how many rows
 a call carries (the bundle's row check still decides):
 
 * rotary embedding: HF's `x * cos + rotate_half(x) * sin` (two Slices, Neg, Concat, two Muls,
@@ -11,7 +11,9 @@ a call carries (the bundle's row check still decides):
   `SkipSimplifiedLayerNormalization`, which also returns the sum the residual stream reads;
 * sibling matmuls: MatMuls reading the same activation (q/k/v, gate/up) as one over the weights
   concatenated along N and a `Split`, before quantizing: one `MatMulNBits` quantizes the
-  activation once.
+  activation once;
+* head split: that q/k/v Split's three Reshape → Transpose chains into heads as one Reshape →
+  Transpose → Split on the head axis (the same values moved by three kernels instead of seven).
 
 `tensorrt_form` undoes the first two for TensorRT, which runs neither contrib op.
 """
@@ -244,6 +246,73 @@ def fuse_sibling_matmuls(model) -> int:
         replaced.update({id(n): [] for n in siblings[1:]})
     set_nodes(model, [m for n in model.graph.node for m in replaced.get(id(n), [n])])
     return sum(len(v) > 1 for v in groups.values())
+
+
+def fuse_head_split(model) -> int:
+    """A fused q/k/v matmul's Split into three Reshape [B, S, H_i, D] → Transpose [B, H_i, S, D]
+    chains (seven kernels) as one Reshape [B, S, ΣH_i, D] → Transpose → Split on the head axis
+    (three), where the three reshapes provably make heads of one size D from the split sizes: the
+    same values moved, in fewer kernels a layer. Returns how many Splits were rewritten."""
+    from onnx import helper, numpy_helper
+
+    g, placed, gone = _Graph(model), {}, set()
+    for split in [n for n in model.graph.node if n.op_type == "Split" and len(n.input) == 2]:
+        chains = [_head_chain(g, name) for name in split.output]
+        sizes, dims = g.value(split.input[1]), {c[2] for c in chains if c}
+        if not all(chains) or sizes is None or len(dims) != 1 or _attrs(split).get("axis") not in (-1, 2):
+            continue
+        dim, widths = dims.pop(), [int(v) for v in sizes]
+        if any(width % dim or c[3] not in (-1, width // dim) for c, width in zip(chains, widths)):
+            continue
+        name = split.name + ".heads"
+        model.graph.initializer.extend([
+            numpy_helper.from_array(np.array([0, 0, -1, dim], np.int64), name + ".shape"),
+            numpy_helper.from_array(np.array(widths, np.int64) // dim, name + ".sizes")])
+        placed[id(chains[-1][1])] = [
+            helper.make_node("Reshape", [split.input[0], name + ".shape"], [name + ".rows"], name=name + ".rows"),
+            helper.make_node("Transpose", [name + ".rows"], [name + ".t"], perm=[0, 2, 1, 3], name=name + ".t"),
+            helper.make_node("Split", [name + ".t", name + ".sizes"], [c[1].output[0] for c in chains], axis=1,
+                             name=name)]
+        gone |= {id(split), *(id(c[0]) for c in chains), *(id(c[1]) for c in chains[:-1])}
+    nodes = [m for n in model.graph.node if id(n) not in gone for m in placed.get(id(n), [n])]
+    _drop_dead(model, _topological(model, nodes))  # the three shape computations go too
+    return len(placed)
+
+
+def _head_chain(g: _Graph, name: str):
+    """(Reshape, Transpose, D, H) when `name` is read only by a Reshape to [B, S, H, D] (D and H
+    constants, H maybe -1) read only by a Transpose [0, 2, 1, 3]; else None."""
+    readers = g.consumers.get(name, [])
+    reshape = readers[0] if len(readers) == 1 and readers[0].op_type == "Reshape" else None
+    shape = reshape and g.op(reshape.input[1], "Concat")
+    if shape is None or len(shape.input) != 4:
+        return None
+    heads, dim = (g.value(i) for i in shape.input[2:])
+    after = g.consumers.get(reshape.output[0], [])
+    if heads is None or dim is None or heads.size != 1 or dim.size != 1 or len(after) != 1:
+        return None
+    transpose = after[0]
+    if transpose.op_type != "Transpose" or list(_attrs(transpose).get("perm", [])) != [0, 2, 1, 3]:
+        return None
+    return reshape, transpose, int(dim.item()), int(heads.item())
+
+
+def _topological(model, nodes: list) -> list:
+    """`nodes` ordered so that every input is made before it is read."""
+    ready = {i.name for i in model.graph.input} | {t.name for t in model.graph.initializer} | {""}
+    order, pending = [], list(nodes)
+    while pending:
+        waiting = []
+        for node in pending:
+            if all(i in ready for i in node.input):
+                order.append(node)
+                ready.update(node.output)
+            else:
+                waiting.append(node)
+        if len(waiting) == len(pending):
+            raise ValueError(f"graph has a cycle or an unmade input at {waiting[0].name}")
+        pending = waiting
+    return order
 
 
 # ---- back to standard ops (TensorRT runs neither contrib op) -----------------------------------

@@ -159,18 +159,23 @@ def test_a_multimodal_gemma3_checkpoint_exports_its_text_decoder(tmp_path):
 
 
 def _fused_copy(bundle, target):
-    """The bundle with its fp32 graphs through the weight-free fusions, and how many were made."""
+    """The bundle with its fp32 graphs through the fusions quantize makes (siblings and head splits
+    too, still in float), and how many of each were made."""
     import shutil
 
     import onnx
 
     from specdeploy.quantization import fusion
+    from specdeploy.quantization.rewrites import fold_weight_transposes
 
     shutil.copytree(bundle, target)
     counts = {}
     for name, graph in manifest_io.read(target).graphs.items():
         model = onnx.load(str(target / graph.file))
+        fold_weight_transposes(model)  # as quantize_graph does first
         counts[name] = fusion.fuse_float(model)
+        counts[name]["siblings"] = fusion.fuse_sibling_matmuls(model)
+        counts[name]["head_split"] = fusion.fuse_head_split(model)
         onnx.save(model, str(target / graph.file), save_as_external_data=True, location=graph.file + ".data")
     return target, counts
 
@@ -178,11 +183,13 @@ def _fused_copy(bundle, target):
 ROTARY_LAYERS = {"smollm3": 2}  # NoPE every second layer: only two of four rotate
 
 
-def test_fused_rotary_and_norms_compute_what_the_split_graphs_do(family, tmp_path):
+def test_fused_graphs_compute_what_the_split_graphs_do(family, tmp_path):
     arch, bundle, _ = family
     fused, counts = _fused_copy(bundle, tmp_path / "fused")
     rotary = sum(c["rotary"] for c in counts.values())
     assert rotary == 2 * ROTARY_LAYERS.get(arch, TINY["num_hidden_layers"]), (arch, counts)  # q and k
+    if arch == "llama3":  # q/k/v without biases or per-head norms: every layer's split into heads
+        assert sum(c["head_split"] for c in counts.values()) == TINY["num_hidden_layers"], counts
     with Engine(bundle) as engine, Engine(fused) as fused_engine:
         for ids in PROMPTS:
             expected = teacher_forced_logits(engine, ids)
