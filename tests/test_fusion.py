@@ -131,6 +131,8 @@ def _heads_graph(perm=(0, 2, 1, 3)):
                   helper.make_node("Reshape", [f"p{i}", f"s{i}"], [f"r{i}"]),
                   helper.make_node("Transpose", [f"r{i}"], [f"y{i}"], perm=list(perm) if i == 2 else [0, 2, 1, 3])]
     model.graph.node.extend(nodes)
+    model.graph.value_info.extend(helper.make_tensor_value_info(f"p{i}", TensorProto.FLOAT, [1, None, h * dim])
+                                  for i, h in enumerate(heads))  # as the exporter records the q/k/v outputs
     return model
 
 
@@ -148,3 +150,6 @@ def test_head_split_moves_the_same_values_in_three_kernels_instead_of_seven():
 def test_head_split_leaves_a_chain_it_cannot_prove_alone():
     model = _heads_graph(perm=(0, 2, 3, 1))  # one part transposed otherwise
     assert fusion.fuse_head_split(model) == 0 and len(model.graph.node) == 12
+    unknown = _heads_graph()
+    del unknown.graph.value_info[:]  # the parts' rank unknown: [0, 0, -1, D] might not read [B, S, N]
+    assert fusion.fuse_head_split(unknown) == 0

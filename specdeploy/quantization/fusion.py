@@ -259,7 +259,9 @@ def fuse_head_split(model) -> int:
     for split in [n for n in model.graph.node if n.op_type == "Split" and len(n.input) == 2]:
         chains = [_head_chain(g, name) for name in split.output]
         sizes, dims = g.value(split.input[1]), {c[2] for c in chains if c}
-        if not all(chains) or sizes is None or len(dims) != 1 or _attrs(split).get("axis") not in (-1, 2):
+        ranks = {len(g.shapes.get(name) or []) for name in split.output}  # [B, S, N_i], as [0, 0, -1, D] reads
+        axis = _attrs(split).get("axis")
+        if not all(chains) or sizes is None or len(dims) != 1 or ranks != {3} or axis not in (-1, 2):
             continue
         dim, widths = dims.pop(), [int(v) for v in sizes]
         if any(width % dim or c[3] not in (-1, width // dim) for c, width in zip(chains, widths)):
