@@ -7,9 +7,10 @@ written to a temporary directory: "folded" is the bundle's graphs with each term
 MatMulNBits, as `quantize` makes them by default (folding.py); "thin tables" keeps every op of the
 term but cuts each offsets table [K/32, N] to its first column (the bytes gone, the ops kept); "no
 term" removes the term (neither). The last two compute other logits than the bundle: they price
-the term and are never bundles to ship. Each prompt (one per bench category, chat template, EOS
-ignored; cut to fit the context) decodes plain on the four engines, alternating the order; the
-last lines split the term's share of a step into the two parts and say how much folding saves.
+the term and are never bundles to ship. Each prompt (one per bench category, chat template or,
+for a model without one, the plain text; EOS ignored; cut to fit the context) decodes plain on the
+four engines, alternating the order; the last lines split the term's share of a step into the
+two parts and say how much folding saves.
 """
 from __future__ import annotations
 
@@ -124,7 +125,8 @@ def _seconds_per_token(engines: dict, repeats: int, max_tokens: int) -> dict:
     for repeat in range(repeats):
         for prompts in BENCH_PROMPTS.values():
             for label, engine in list(engines.items())[:: 1 if repeat % 2 == 0 else -1]:
-                ids = engine.encode_prompt([{"role": "user", "content": prompts[0]}])
+                chat = [{"role": "user", "content": prompts[0]}]  # a model without a template: the text
+                ids = engine.encode_prompt(chat if engine.manifest.chat_template else prompts[0])
                 began = time.perf_counter()
                 tokens = engine.generate_ids(ids[: engine.manifest.max_context - max_tokens], config)
                 totals[label][0] += len(tokens)
