@@ -158,9 +158,13 @@ def causal_mask(write_index, seq: int, attention_mask, window: int | None = None
 
 
 def layer_types(config) -> list[str]:
-    """Per layer "full_attention" or "sliding_attention" (families without windows: all full)."""
+    """Per layer "full_attention" or "sliding_attention". A config without layer types but with a
+    window (Mistral, Phi-3) slides in every layer, as Hugging Face's model does; else all full."""
     types = getattr(config, "layer_types", None)
-    return list(types) if types else ["full_attention"] * config.num_hidden_layers
+    if types:
+        return list(types)
+    window = isinstance(getattr(config, "sliding_window", None), int) and getattr(config, "use_sliding_window", True)
+    return ["sliding_attention" if window else "full_attention"] * config.num_hidden_layers
 
 
 def _rotary_by_type(inner, hidden, position_ids, types) -> dict:

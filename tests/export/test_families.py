@@ -140,6 +140,21 @@ def test_unsupported_options_are_refused_by_name(tmp_path):
         export(ExportConfig(source=model_dir, exit_layer=1, max_context=512, output=tmp_path / "o2"))
 
 
+def test_a_window_in_a_config_without_layer_types_slides_every_layer(tmp_path):
+    """Mistral (and Phi-3) name a window but no layer types; Hugging Face's model slides every layer
+    by it, so the split does too (a window of 4, shorter than the prompt)."""
+    config = tiny_config("mistral")
+    config.sliding_window = 4
+    model_dir = save_tiny_model("mistral", tmp_path / "model", config=config)
+    bundle = export(ExportConfig(source=model_dir, exit_layer=2, max_context=128, output=tmp_path / "bundle"))
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    with Engine(bundle) as engine, torch.no_grad():
+        theirs = model(torch.tensor([PROMPTS[0]])).logits[0].double().numpy()
+        assert np.abs(teacher_forced_logits(engine, PROMPTS[0]) - theirs).max() < 1e-4
+        plain = engine.generate_ids(PROMPTS[0], GenerationConfig(speculative=False, max_new_tokens=12, ignore_eos=True))
+    assert plain == _hf_greedy(model, PROMPTS[0], 12)
+
+
 def test_a_multimodal_gemma3_checkpoint_exports_its_text_decoder(tmp_path):
     vision = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                              num_attention_heads=2, image_size=28, patch_size=14)
