@@ -9,7 +9,8 @@ scripts/fetch_model.sh
 [ -f gpu-check.plan/manifest.json ] || python3 -m specdeploy.cli export --exit-layer 8 --max-context 1024 \
     models/SmolLM2-135M-Instruct.Q4_1.gguf --output gpu-check.plan
 # int4 compute: MatMulNBits for ONNX Runtime's CUDA provider, the DequantizeLinear form for TensorRT;
-# the default folds the Q4_1 minima into the matmuls (zero points, K + K/32), --exact-offsets does not
+# the default folds the Q4_1 minima into the matmuls (zero points, K + K/32), --exact-offsets does not;
+# --tensorrt keeps attention op by op (the CPU's fused GroupQueryAttention has no float32 CUDA kernel)
 [ -f gpu-check-int4.plan/manifest.json ] || python3 -m specdeploy.cli quantize gpu-check.plan --precision int4 \
     --tensorrt -o gpu-check-int4.plan
 [ -f gpu-check-int4-exact.plan/manifest.json ] || python3 -m specdeploy.cli quantize gpu-check.plan \

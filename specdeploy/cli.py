@@ -211,14 +211,18 @@ def generate(bundle, prompt, max_tokens, temperature, greedy, top_k, top_p, seed
               help="Keep float offsets (a GGUF's Q4_1 / Q4_K minima, minmax / gptq) as an exact float32 term "
                    "beside each integer matmul instead of folding them into it (bitwise the file's minima; "
                    "slower).")
+@click.option("--attention", type=click.Choice(["fused", "ops"]), default="fused", show_default=True,
+              help="int4/int8: fused: each layer's attention as one ONNX Runtime GroupQueryAttention kernel "
+                   "(CPU provider; where its rows are independent here); ops: op by op (for --provider cuda).")
 def quantize(bundle, precision, draft_precision, verify_precision, method, prompts_file, output, tensorrt,
-             int4_block, no_fuse, float_outliers, exact_offsets):
+             int4_block, no_fuse, float_outliers, exact_offsets, attention):
     """Write a quantized copy of the fp32 BUNDLE and print its quality report."""
     from .quantization.compute import ComputeOptions
     from .quantization.quantize import quantize as run_quantize
 
     options = ComputeOptions(int4_block=None if int4_block == "auto" else int(int4_block), fuse=not no_fuse,
-                             float_outliers=float_outliers, exact_offsets=exact_offsets)
+                             float_outliers=float_outliers, exact_offsets=exact_offsets,
+                             fused_attention=attention == "fused")
     path = run_quantize(bundle, output, precision, draft_precision, verify_precision, prompts_file, click.echo,
                         method=method, tensorrt=tensorrt, options=options)
     click.echo(f"quantized bundle written to {path}")

@@ -7,6 +7,7 @@ from specdeploy.bundle import manifest as manifest_io
 from specdeploy.config import GenerationConfig
 from specdeploy.errors import ConfigError
 from specdeploy.quantization import nbits
+from specdeploy.quantization.gqa_probe import kernel_row_independent
 from specdeploy.quantization.quantize import graph_precisions, quantize
 from specdeploy.runtime.engine import Engine
 
@@ -80,8 +81,16 @@ def test_graph_ops_match_precision(quantized):
         assert sum(n.op_type == "ReduceSum" for n in draft.graph.node) == offsets
         assert {n.input[0] for n in folded} == {n.output[0] for n in draft.graph.node if n.op_type == "Concat"
                                                 and n.input[1].endswith(".block_sums")}
-        # fused: rotary as one op, residual adds inside the norms, q/k/v and gate/up one matmul each
-        assert {"RotaryEmbedding", "SkipSimplifiedLayerNormalization", "Split"} <= ops
+        # fused: residual adds inside the norms, q/k/v and gate/up one matmul each, and each layer's
+        # attention one kernel (rotary inside) where every KV graph is integer and its kernel's rows
+        # are independent here ("mixed" keeps a float verify graph), else rotary as one op
+        assert {"SkipSimplifiedLayerNormalization", "Split"} <= ops
+        kernels = sum(n.op_type == "GroupQueryAttention" for n in draft.graph.node)
+        if "fused_attention" in m.extra:
+            assert kernels == 2 and "RotaryEmbedding" not in ops and m.kv_shape[2] == m.max_context + 1
+        else:
+            assert kernels == 0 and "RotaryEmbedding" in ops and m.kv_shape[2] == m.max_context
+        assert ("fused_attention" in m.extra) == (kind != "mixed" and kernel_row_independent(4, 2, 16))
         assert len(nbits) == 4 * 2  # two layers of four matmuls: qkv, o, gate-up, down
         assert m.graph("draft").precision == ("int8" if kind == "mixed" else kind.split("-")[0])
         assert m.row_check["passed"] and set(m.row_check["max_diff"].values()) == {0.0}

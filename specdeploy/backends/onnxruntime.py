@@ -130,10 +130,22 @@ def check_opset(manifest: Manifest, version: str = ort.__version__) -> None:
         )
 
 
+def check_provider(manifest: Manifest, provider: str) -> None:
+    """A bundle with fused attention runs on the CPU only: ONNX Runtime's GroupQueryAttention has no
+    float32 kernel on its GPU providers."""
+    fused = manifest.extra.get("fused_attention") or {}
+    if provider != "cpu" and any(fused.values()):
+        raise BackendError(
+            f"this bundle's attention is ONNX Runtime's CPU GroupQueryAttention, which --provider {provider} "
+            f"cannot run in float32; quantize the fp32 bundle again with --attention ops for that provider"
+        )
+
+
 def load_stages(bundle: Path, manifest: Manifest, provider: str | None = None, threads: int | None = None,
                 log_severity: int = 3) -> dict[str, OrtStage]:
     check_opset(manifest)
     provider = provider or "cpu"
+    check_provider(manifest, provider)
     providers = providers_for(provider)
     options = provider_options(provider, bundle) or None
     device = "cpu" if provider == "cpu" else "cuda"

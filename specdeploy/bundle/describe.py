@@ -37,6 +37,10 @@ def describe(bundle: Path) -> str:
     if any(outliers.values()):
         lines.append(f"outliers    {sum(outliers.values())} activation channels computed in float beside the "
                      "integer matmuls (" + ", ".join(f"{k} {v}" for k, v in outliers.items() if v) + ")")
+    fused = m.extra.get("fused_attention") or {}
+    if any(fused.values()):
+        lines.append(f"attention   one GroupQueryAttention kernel a layer ({', '.join(f'{k} {v}' for k, v in fused.items() if v)}"
+                     f" layers; ONNX Runtime's CPU provider; KV buffers one row past max context)")
     for name, g in m.graphs.items():
         layers = f" layers {g.kv_layers[0]}..{g.kv_layers[1] - 1}" if g.kv_layers else ""
         lines.append(f"graph       {name:<10} {g.file:<16} {g.precision}{layers}")

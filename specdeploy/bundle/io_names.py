@@ -1,7 +1,8 @@
 """Graph input/output names and dynamic axes, declared once as data.
 
 The exporter, the manifest, the validators and every backend read these; nothing else spells a
-tensor name. KV buffers are static `[1, num_kv_heads, max_context, head_dim]`; the only dynamic
+tensor name. KV buffers are static `[1, num_kv_heads, max_context, head_dim]` (one row more for
+fused attention's padded row: Manifest.kv_spare_rows); the only dynamic
 dimensions are `seq` (rows fed this call) and `total` (valid length after this call).
 """
 from __future__ import annotations

@@ -71,6 +71,7 @@ class Manifest:
     tensorrt: dict | None = None              # engines built for one TensorRT version and GPU
     row_check: dict | None = None             # runtime.row_check result: passed, max_diff, machine
     opset: int = DEFAULT_OPSET              # 23 = ScatterND KV writes, for ONNX Runtime < 1.25
+    kv_spare_rows: int = 0                    # KV rows past max_context: fused attention's padded row
     schema_version: int = SCHEMA_VERSION
     format: str = FORMAT
     extra: dict = field(default_factory=dict)
@@ -78,7 +79,7 @@ class Manifest:
     @property
     def kv_shape(self) -> tuple[int, int, int, int]:
         m = self.model
-        return (1, m.num_kv_heads, self.max_context, m.head_dim)
+        return (1, m.num_kv_heads, self.max_context + self.kv_spare_rows, m.head_dim)
 
     def graph(self, name: str) -> GraphInfo:
         if name not in self.graphs:

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..constants import QUANT_METHODS as METHODS
 from ..errors import ConfigError
-from . import fusion
+from . import attention, fusion, gqa_probe
 from .rewrites import MS_DOMAIN, attrs as node_attrs, fold_weight_transposes, set_nodes, use_ms_domain
 
 ACCURACY_LEVEL = 4  # int8 activations, integer accumulation
@@ -67,12 +67,15 @@ class ComputeOptions:
     and whether activation outlier channels are computed in float (outliers.py; None: for int8,
     where it buys top-1 agreement at 8-10% of the speed, not for int4, bought for speed), and
     whether float offsets (a GGUF's Q4_1 / Q4_K minima, minmax / gptq) stay an exact float32 term
-    beside each MatMulNBits or are folded into it (folding.py; the default, faster)."""
+    beside each MatMulNBits or are folded into it (folding.py; the default, faster), and whether each
+    layer's attention becomes one GroupQueryAttention kernel (attention.py; the default where it
+    applies) or stays op by op (what ONNX Runtime's CUDA provider needs)."""
 
     int4_block: int | None = None
     fuse: bool = True
     float_outliers: bool | None = None
     exact_offsets: bool = False
+    fused_attention: bool = True
 
     def outliers_for(self, precision: str) -> bool:
         return self.float_outliers if self.float_outliers is not None else precision == "int8"
@@ -104,12 +107,14 @@ def _algo_config(form: ComputeForm, method: str):
 
 def quantize_graph(src: Path, dst: Path, precision: str, method: str = "rtn", index=None,
                    options: ComputeOptions = ComputeOptions(), outliers: dict | None = None,
-                   grams: dict | None = None) -> int:
+                   grams: dict | None = None, max_context: int | None = None) -> int:
     """Write `src` (fp32) to `dst` with every initializer-weight MatMul as MatMulNBits; returns how
     many weights came losslessly from `index` (a gguf_blocks.BlockIndex of the source file).
     `outliers` (activation -> channels, outliers.outlier_channels) are computed in float beside
     them (not with ONNX Runtime's own quantizer, `ort`, which writes its graph whole); `grams`
-    (activation -> Xᵀ X over the calibration text) are what `gptq` rounds against.
+    (activation -> Xᵀ X over the calibration text) are what `gptq` rounds against; `max_context`:
+    fuse each layer's attention into one kernel for KV buffers of that many rows plus one
+    (attention.py; None: op by op).
 
     MatMuls whose weight is computed in the graph (a draft head's gathered vocabulary subset) stay
     float: the quantizer only sees initializers. Rotary, residual-norm and sibling-matmul nodes are
@@ -129,6 +134,8 @@ def quantize_graph(src: Path, dst: Path, precision: str, method: str = "rtn", in
         fusion.fuse_float(model)
         fusion.fuse_sibling_matmuls(model)
         fusion.fuse_head_split(model)
+        if max_context:
+            attention.fuse_attention(model, max_context, gqa_probe.kernel_row_independent)
     chosen, carried = compute_form(precision, options), 0
     if method != "ort":
         carried = _own_blocks(model, chosen, "absmax" if method == "rtn" else method, index, outliers, grams,

@@ -28,7 +28,7 @@ from ..bundle import io_names
 from ..bundle import manifest as manifest_io
 from ..constants import PRECISIONS
 from ..errors import ConfigError, RowDependenceError, require
-from . import feeds as feeds_io
+from . import feeds as feeds_io, gqa_probe
 from .compute import FORMS as COMPUTE_FORMS, INT4_BLOCKS, ComputeOptions, quantize_embedding, quantize_graph
 from .rewrites import drop_activation_qdq, float_matmuls, fold_weight_transposes, int8_weights_to_fp8, to_fp16
 
@@ -72,10 +72,12 @@ def graph_precisions(manifest, precision: str, draft: str | None, verify: str | 
 
 
 def _quantize_graph(src: Path, dst: Path, precision: str, method: str, feeds, indexes,
-                    options: ComputeOptions, found: dict | None = None, grams: dict | None = None) -> int:
+                    options: ComputeOptions, found: dict | None = None, grams: dict | None = None,
+                    max_context: int | None = None) -> int:
     """Quantize one graph; returns how many weights came losslessly from the source GGUF."""
     if precision in COMPUTE_FORMS:
-        return quantize_graph(src, dst, precision, method, indexes.get(precision), options, found, grams)
+        return quantize_graph(src, dst, precision, method, indexes.get(precision), options, found, grams,
+                              max_context)
     if precision == "fp8":
         _quantize_fp8(src, dst, feeds_io.Reader(feeds))
     elif precision == "fp16":
@@ -96,17 +98,20 @@ def _gguf_indexes(manifest, plan: dict, method: str) -> dict:
 
 
 def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str, calibration, indexes,
-                     echo, options: ComputeOptions) -> tuple[dict, dict, dict]:
+                     echo, options: ComputeOptions, fuse_attention: bool) -> tuple[dict, dict, dict, dict]:
     """Each graph quantized into `tmp` (the tied embedding too); (files by stem, carried counts,
-    folded counts)."""
+    folded counts, fused attention layers)."""
+    from .attention import fused_count
     from .folding import folded_count
 
-    files, carried, folded, found = {}, {}, {}, calibration.outliers
+    files, carried, folded, fused, found = {}, {}, {}, {}, calibration.outliers
+    context = manifest.max_context if fuse_attention else None
     for name, graph in manifest.graphs.items():
         src, dst = bundle / graph.file, tmp / graph.file
         carried[name] = _quantize_graph(src, dst, plan[name], method, calibration.feeds.get(name), indexes,
-                                        options, found.get(name), calibration.grams(name))
+                                        options, found.get(name), calibration.grams(name), context)
         folded[name] = folded_count(dst) if plan[name] in COMPUTE_FORMS else 0
+        fused[name] = fused_count(dst) if plan[name] in COMPUTE_FORMS else 0
         files[Path(graph.file).stem] = dst if plan[name] != "fp32" else src
         blocks = f" in blocks of {options.int4_block}" if plan[name] == "int4" and options.int4_block else ""
         channels = found.get(name) or {}
@@ -119,7 +124,14 @@ def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str,
         indexes.get(draft), options)
     if bits:
         echo(f"embedding: {bits}-bit blocks (GatherBlockQuantized)")
-    return files, carried, folded
+    return files, carried, folded, fused
+
+
+def _attention_line(fused: dict, reason: str | None) -> str:
+    if any(fused.values()):
+        layers = ", ".join(f"{n} {c}" for n, c in fused.items() if c)
+        return f"attention: one GroupQueryAttention kernel a layer ({layers} layers)"
+    return f"attention: op by op ({reason or 'no layer in the plain form that kernel computes row-independently here'})"
 
 
 def _carried(carried: int, folded: int) -> str:
@@ -153,10 +165,13 @@ def quantize_bundle(bundle: Path, precision: str, draft_precision: str | None = 
                                      texts or feeds_io.calibration_texts(None, every=method == "gptq"))
     found = calibration.outliers
     indexes = _gguf_indexes(manifest, plan, method)
+    unfused = gqa_probe.unfused_reason(manifest, plan, COMPUTE_FORMS, options, tensorrt)
     with tempfile.TemporaryDirectory(dir=bundle.parent, prefix=".quantize-") as tmp:
         tmp = Path(tmp)
-        files, carried, folded = _quantize_graphs(bundle, manifest, plan, tmp, method, calibration, indexes,
-                                                  echo, options)
+        files, carried, folded, fused = _quantize_graphs(bundle, manifest, plan, tmp, method, calibration, indexes,
+                                                         echo, options, unfused is None)
+        if any(p in COMPUTE_FORMS for p in plan.values()):
+            echo(_attention_line(fused, unfused))
         out = tmp / "bundle"
         out.mkdir()
         weights.share(files, out, manifest.weights)
@@ -170,11 +185,14 @@ def quantize_bundle(bundle: Path, precision: str, draft_precision: str | None = 
     extra = {**manifest.extra, "gguf_carried_weights": carried} if any(carried.values()) else manifest.extra
     if any(folded.values()):
         extra = {**extra, "folded_offsets": folded}
+    if any(fused.values()):
+        extra = {**extra, "fused_attention": {n: c for n, c in fused.items() if c}}
     if any(found.values()):
         extra = {**extra, "float_outlier_channels": {n: int(sum(map(len, c.values()))) for n, c in found.items()}}
     if "int4" in plan.values():
         extra = {**extra, "int4_block_size": options.int4_block or COMPUTE_FORMS["int4"].block_size}
-    manifest = manifest.replace(graphs=graphs, precision=label, row_check=None, extra=extra)
+    manifest = manifest.replace(graphs=graphs, precision=label, row_check=None, extra=extra,
+                                kv_spare_rows=int(unfused is None))
     manifest = manifest.replace(row_check=row_check.require(bundle, manifest, echo))
     manifest_io.write(bundle, manifest)
     return bundle

@@ -121,6 +121,9 @@ def write(src: Path, dst: Path) -> int:
     import onnx
 
     model = onnx.load(str(src))
+    if any(n.op_type == "GroupQueryAttention" for n in model.graph.node):
+        raise ValueError("its attention is ONNX Runtime's GroupQueryAttention; quantize with --tensorrt "
+                         "(or --attention ops), which keeps attention op by op")
     count = convert(model)
     onnx.save(model, str(dst), save_as_external_data=True, location=dst.name + ".data")
     return count

@@ -174,28 +174,35 @@ def test_a_multimodal_gemma3_checkpoint_exports_its_text_decoder(tmp_path):
 
 
 def _fused_copy(bundle, target):
-    """The bundle with its fp32 graphs through the fusions quantize makes (siblings and head splits
-    too, still in float), and how many of each were made."""
+    """The bundle with its fp32 graphs through the fusions quantize makes (siblings, head splits and
+    attention kernels too, still in float), and how many of each were made."""
     import shutil
 
     import onnx
 
-    from specdeploy.quantization import fusion
+    from specdeploy.quantization import attention, fusion
     from specdeploy.quantization.rewrites import fold_weight_transposes
 
     shutil.copytree(bundle, target)
-    counts = {}
-    for name, graph in manifest_io.read(target).graphs.items():
+    counts, manifest = {}, manifest_io.read(target)
+    for name, graph in manifest.graphs.items():
         model = onnx.load(str(target / graph.file))
         fold_weight_transposes(model)  # as quantize_graph does first
         counts[name] = fusion.fuse_float(model)
         counts[name]["siblings"] = fusion.fuse_sibling_matmuls(model)
         counts[name]["head_split"] = fusion.fuse_head_split(model)
+        counts[name]["attention"] = attention.fuse_attention(model, manifest.max_context) if graph.kv_layers else 0
         onnx.save(model, str(target / graph.file), save_as_external_data=True, location=graph.file + ".data")
+    fused = {name: c["attention"] for name, c in counts.items()}
+    manifest_io.write(target, manifest.replace(kv_spare_rows=1, extra={**manifest.extra, "fused_attention": fused}))
     return target, counts
 
 
 ROTARY_LAYERS = {"smollm3": 2}  # NoPE every second layer: only two of four rotate
+# layers whose attention becomes one kernel: q/k/v one matmul split into heads, rotated q and k,
+# the plain causal mask. Not: Gemma 2 (soft-capped scores), Gemma 3 (QK-norm, sliding windows),
+# OLMo 2 (QK-norm), Phi-3 (partial rotary: no head split), SmolLM3's NoPE layers
+ATTENTION_LAYERS = {"llama3": 4, "granite": 4, "smollm3": 2}
 
 
 def test_fused_graphs_compute_what_the_split_graphs_do(family, tmp_path):
@@ -205,6 +212,7 @@ def test_fused_graphs_compute_what_the_split_graphs_do(family, tmp_path):
     assert rotary == 2 * ROTARY_LAYERS.get(arch, TINY["num_hidden_layers"]), (arch, counts)  # q and k
     if arch == "llama3":  # q/k/v without biases or per-head norms: every layer's split into heads
         assert sum(c["head_split"] for c in counts.values()) == TINY["num_hidden_layers"], counts
+    assert sum(c["attention"] for c in counts.values()) == ATTENTION_LAYERS.get(arch, 0), (arch, counts)
     with Engine(bundle) as engine, Engine(fused) as fused_engine:
         for ids in PROMPTS:
             expected = teacher_forced_logits(engine, ids)

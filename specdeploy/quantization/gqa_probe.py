@@ -1,0 +1,99 @@
+"""Whether this machine's `GroupQueryAttention` keeps the fused attention's rows independent, and
+whether a bundle being quantized gets the fused form at all.
+
+The fused form (attention.py) hands the kernel m rows plus a padded zero row; its contract is that
+each of those m rows is bitwise what a call of that one row plus the padded one computes. ONNX
+Runtime's CPU kernel keeps it on every machine measured (its one-row path, which differs, is never
+taken), but kernels are chosen per CPU, so a probe on random inputs decides before a bundle is
+built with it; the bundle's row check then covers the whole graphs, here and at load elsewhere.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from .attention import OP
+from .rewrites import MS_DOMAIN
+
+
+def _probe_session(q_heads: int, kv_heads: int, head_dim: int, rows: int):
+    import onnxruntime as ort
+    from onnx import TensorProto as T, helper
+
+    width = (q_heads + 2 * kv_heads) * head_dim
+    kv = [1, kv_heads, rows, head_dim]
+    node = helper.make_node(OP, ["qkv", "", "", "past_key", "past_value", "seqlens_k", "total", "cos", "sin"],
+                            ["out", "present_key", "present_value"], domain=MS_DOMAIN, num_heads=q_heads,
+                            kv_num_heads=kv_heads, do_rotary=1)
+    graph = helper.make_graph([node], "probe", [
+        helper.make_tensor_value_info("qkv", T.FLOAT, [1, "S", width]),
+        helper.make_tensor_value_info("past_key", T.FLOAT, kv), helper.make_tensor_value_info("past_value", T.FLOAT, kv),
+        helper.make_tensor_value_info("seqlens_k", T.INT32, [1]), helper.make_tensor_value_info("total", T.INT32, []),
+        helper.make_tensor_value_info("cos", T.FLOAT, [rows, head_dim // 2]),
+        helper.make_tensor_value_info("sin", T.FLOAT, [rows, head_dim // 2])], [
+        helper.make_tensor_value_info("out", T.FLOAT, [1, "S", q_heads * head_dim]),
+        helper.make_tensor_value_info("present_key", T.FLOAT, kv),
+        helper.make_tensor_value_info("present_value", T.FLOAT, kv)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(MS_DOMAIN, 1)])
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # a refused configuration is an answer here, not an error to print
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_row_independent(q_heads: int, kv_heads: int, head_dim: int, seed: int = 0) -> bool:
+    """Whether this machine's GroupQueryAttention gives, for m rows plus the padded one, bitwise the
+    rows that m calls of one row plus the padded one give (random inputs, three key lengths) — the
+    fused form's contract, checked before a bundle is built with it (the bundle's row check then
+    checks the whole graphs)."""
+    import onnxruntime as ort
+
+    rows, rng = 128, np.random.default_rng(seed)
+    session = _probe_session(q_heads, kv_heads, head_dim, rows)
+    angles = np.arange(rows)[:, None] * 10000.0 ** (-np.arange(0, head_dim, 2) / head_dim)[None]
+    tables = {"cos": np.cos(angles).astype(np.float32), "sin": np.sin(angles).astype(np.float32)}
+    width = (q_heads + 2 * kv_heads) * head_dim
+
+    def call(kv, x, start):  # x [1, S, width] -> [1, S, Hq D], with the zero row padded after it
+        padded = np.concatenate([x, np.zeros((1, 1, width), np.float32)], axis=1)
+        binding = session.io_binding()
+        binding.bind_output("out")
+        for name, value in zip(("key", "value"), kv):
+            binding.bind_ortvalue_input("past_" + name, value)
+            binding.bind_ortvalue_output("present_" + name, value)
+        end = start + padded.shape[1]
+        feeds = {"qkv": padded, "seqlens_k": np.array([end - 1], np.int32), "total": np.array(end, np.int32), **tables}
+        for name, value in feeds.items():
+            binding.bind_cpu_input(name, value)
+        session.run_with_iobinding(binding)  # raises for shapes the kernel refuses (head_dim % 16)
+        return binding.copy_outputs_to_cpu()[0][:, :-1]
+
+    def compare(length: int, m: int) -> bool:
+        prefix, x = (rng.standard_normal((1, n, width)).astype(np.float32) for n in (length, m))
+        results = []
+        for split in (False, True):
+            kv = [ort.OrtValue.ortvalue_from_numpy(np.zeros((1, kv_heads, rows, head_dim), np.float32)) for _ in range(2)]
+            call(kv, prefix, 0)
+            results.append(np.concatenate([call(kv, x[:, i:i + 1], length + i) for i in range(m)], axis=1)
+                           if split else call(kv, x, length))
+        return np.array_equal(*results)
+
+    try:
+        return all(compare(length, m) for length, m in ((5, 2), (40, 3), (90, 5)))
+    except Exception:  # ONNX Runtime's own types: a configuration its kernel refuses
+        return False
+
+
+def unfused_reason(manifest, plan: dict, compute_forms, options, tensorrt: bool) -> str | None:
+    """Why the bundle's attention stays op by op (None: it is fused where a layer's form allows).
+    `plan`: precision per graph; `options`: compute.ComputeOptions."""
+    if not options.fuse:
+        return "unfused graphs, as asked (--no-fuse)"
+    if not options.fused_attention:
+        return "as asked (--attention ops)"
+    if tensorrt:
+        return "the TensorRT form is made from these graphs, and TensorRT has no GroupQueryAttention"
+    if any(g.kv_layers and plan[name] not in compute_forms for name, g in manifest.graphs.items()):
+        return "a graph with KV buffers stays in float, and every such graph must take the same buffers"
+    return None

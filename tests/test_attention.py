@@ -1,0 +1,123 @@
+"""Each layer's attention as one GroupQueryAttention kernel (quantization/attention.py, gqa_probe.py)."""
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+
+from conftest import save_tiny_model, tiny_config
+from specdeploy.bundle import manifest as manifest_io
+from specdeploy.cli import main
+from specdeploy.config import GenerationConfig
+from specdeploy.errors import BackendError
+from specdeploy.quantization import attention, fusion, tensorrt_form
+from specdeploy.quantization.gqa_probe import kernel_row_independent
+from specdeploy.quantization.quantize import quantize
+from specdeploy.quantization.rewrites import fold_weight_transposes
+from specdeploy.runtime.engine import Engine
+
+FUSED_HERE = kernel_row_independent(4, 2, 16)  # the tiny models' heads: 4 query, 2 KV, 16 wide
+
+
+@pytest.fixture(scope="module")
+def int4_bundle(tiny_bundle, tmp_path_factory):
+    lines = []
+    out = quantize(tiny_bundle, tmp_path_factory.mktemp("attention") / "int4", "int4", report=False,
+                   echo=lines.append)
+    return out, lines
+
+
+def _fused_layers(graph) -> int:
+    model = onnx.load(str(graph))
+    fold_weight_transposes(model)
+    fusion.fuse_float(model)
+    fusion.fuse_sibling_matmuls(model)
+    fusion.fuse_head_split(model)
+    return attention.fuse_attention(model, 128)
+
+
+def test_the_probe_refuses_what_the_kernel_refuses():
+    """ONNX Runtime's kernel takes head sizes in multiples of 16: a probe that runs it says no to 8
+    (and the rewrite never matches such a layer)."""
+    assert kernel_row_independent(4, 1, 8) is False
+    assert isinstance(kernel_row_independent(9, 3, 64), bool)
+
+
+def test_a_quantized_bundle_says_which_attention_it_runs(int4_bundle):
+    bundle, lines = int4_bundle
+    m = manifest_io.read(bundle)
+    if FUSED_HERE:
+        assert m.extra["fused_attention"] == {"draft": 2, "verify": 2}
+        assert "attention: one GroupQueryAttention kernel a layer (draft 2, verify 2 layers)" in lines
+        assert m.kv_spare_rows == 1 and m.kv_shape == (1, 2, 129, 16)
+    else:  # the kernel's rows depend on the call on this machine: op by op, said so
+        assert "fused_attention" not in m.extra and m.kv_spare_rows == 0
+        assert any(line.startswith("attention: op by op") for line in lines)
+    assert m.row_check["passed"]
+
+
+@pytest.mark.skipif(not FUSED_HERE, reason="GroupQueryAttention's rows depend on the call on this machine")
+def test_a_fused_bundle_decodes_exactly_up_to_its_last_row(int4_bundle):
+    """The padded row of a call that ends at max_context lands in the spare KV row; speculative
+    output equals plain output to the end of the context."""
+    bundle, _ = int4_bundle
+    prompt = [int(t) for t in np.random.default_rng(3).integers(2, 96, 40)]
+    cfg = dict(max_new_tokens=128 - len(prompt), ignore_eos=True)
+    with Engine(bundle) as engine:
+        plain = engine.generate_ids(prompt, GenerationConfig(speculative=False, **cfg))
+        assert len(plain) == 88
+        for source in ("early_exit", "lookup", "hybrid"):
+            spec = engine.generate_ids(prompt, GenerationConfig(num_draft_tokens=4, draft_source=source, **cfg))
+            assert spec == plain, source
+
+
+@pytest.mark.skipif(not FUSED_HERE, reason="GroupQueryAttention's rows depend on the call on this machine")
+def test_fused_attention_runs_on_the_cpu_provider_only(int4_bundle):
+    from specdeploy.backends.onnxruntime import load_stages
+
+    bundle, _ = int4_bundle
+    with pytest.raises(BackendError, match="--attention ops"):
+        load_stages(bundle, manifest_io.read(bundle), provider="cuda")
+    graph = manifest_io.read(bundle).graph("verify")
+    with pytest.raises(ValueError, match="--tensorrt"):
+        tensorrt_form.write(bundle / graph.file, bundle / "verify.trt.onnx")
+
+
+def test_attention_ops_keeps_the_exported_form(tiny_bundle, tmp_path):
+    out = tmp_path / "ops"
+    result = CliRunner().invoke(main, ["quantize", str(tiny_bundle), "--precision", "int4", "--attention", "ops",
+                                       "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "attention: op by op (as asked (--attention ops))" in result.output
+    m = manifest_io.read(out)
+    assert "fused_attention" not in m.extra and m.kv_shape[2] == m.max_context
+    ops = {n.op_type for n in onnx.load(str(out / m.graph("draft").file), load_external_data=False).graph.node}
+    assert "GroupQueryAttention" not in ops and "RotaryEmbedding" in ops
+
+
+@pytest.mark.parametrize("window,layers", [(None, 2), (4, 0)])
+def test_a_sliding_window_keeps_its_attention_op_by_op(window, layers, tmp_path):
+    """The kernel's mask is the plain causal one: Mistral with a window (which slides every layer,
+    tests/export/test_families.py) keeps its op-by-op attention; without one every layer is fused."""
+    from specdeploy.export import ExportConfig, export
+
+    config = tiny_config("mistral")
+    config.sliding_window = window
+    model_dir = save_tiny_model("mistral", tmp_path / "model", config=config)
+    bundle = export(ExportConfig(source=model_dir, exit_layer=2, max_context=128, output=tmp_path / "bundle"))
+    assert _fused_layers(bundle / manifest_io.read(bundle).graph("draft").file) == layers
+
+
+def test_scatter_nd_kv_writes_fuse_too(tmp_path):
+    """Opset-23 bundles (ONNX Runtime 1.23, Python 3.10) write KV rows with ScatterND: the same
+    layers become the kernel, which writes the rows itself."""
+    from conftest import export_tiny
+
+    bundle = export_tiny("llama", tmp_path, exit_layer=2, opset=23)
+    assert _fused_layers(bundle / manifest_io.read(bundle).graph("verify").file) == 2
+    if FUSED_HERE:
+        out = quantize(bundle, tmp_path / "int4", "int4", report=False, echo=lambda s: None)
+        assert manifest_io.read(out).extra["fused_attention"] == {"draft": 2, "verify": 2}
+        cfg = dict(max_new_tokens=30, ignore_eos=True)
+        with Engine(out) as engine:
+            plain = engine.generate_ids([4, 5, 6], GenerationConfig(speculative=False, **cfg))
+            assert engine.generate_ids([4, 5, 6], GenerationConfig(num_draft_tokens=4, **cfg)) == plain
