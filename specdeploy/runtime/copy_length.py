@@ -95,7 +95,11 @@ class CopyLength:
     observed rounds rather than at every match: the measurements move a little each round, and
     pricing them at every match cost more than a percent of a step on the CPU (cold caches after
     each pass make a hundred small numpy calls slow), which lost what the copies won on text
-    that rarely repeats.
+    that rarely repeats. Young measurements move a lot, so the first prices are redone after 1, 2,
+    4, ... 32 observed rounds too: the first table rests on the acceptance prior's coin flip, and
+    kept for 64 rounds it copied at nearly every match of the example's QA prompts
+    (`scripts/round_overhead.py engine-int4.plan`: 56 rejected copies in 239 rounds; 21 in 249
+    re-priced early).
     """
 
     MARGIN = 0.05        # a copy must beat a plain step by this much: the plain step is the safer choice
@@ -113,7 +117,8 @@ class CopyLength:
         if match and drafted:
             self.acceptance.add(match, drafted, accepted)
         self.observed += 1
-        if self.observed % self.REFRESH == 0:
+        young = self.observed & (self.observed - 1) == 0  # 1, 2, 4, ... 32: the counts are few
+        if young or self.observed % self.REFRESH == 0:
             self.table = None
 
     def choose(self, match: int, available: int) -> int:

@@ -120,3 +120,13 @@ def test_lengths_are_repriced_every_few_observed_rounds_not_at_every_match():
     for _ in range(30):
         policy.observe(3, 2, 2, 0, 0.030)
     assert policy.choose(2, 2) == 0
+
+
+def test_young_measurements_are_repriced_sooner():
+    """Text that rarely repeats: each 1-token copy is rejected and a row costs a fifth of a step.
+    The first table, priced on the acceptance prior's coin flip, copies; re-priced after 1, 2, 4,
+    ... rounds (not only every REFRESH) it stops within a few, but for the re-checks."""
+    chosen = _run(CopyLength(), 64, step_s=0.0076, row_s=0.0014, accept=lambda d: 0, match=1, offered=1)
+    assert chosen[:2].count(1) >= 1          # the prior copies at first
+    assert chosen[16:].count(1) <= 2         # then only the every-32nd re-check
+
