@@ -51,6 +51,16 @@ for i in 1 2 3; do   # folded (the default) against exact offsets, llama.cpp and
         --peers llama.cpp,ortgenai-int4 --model "$model" --repeats 3 --prompts-per-category 1 --no-plots \
         -o "docs/bench/int4-vs-llamacpp/folded/$i"
 done
+# one GroupQueryAttention a layer (the default) against the exported op-by-op attention, and the peers
+[ -f int4-before-attention.plan/manifest.json ] || specdeploy quantize engine.plan --precision int4 --attention ops \
+    -o int4-before-attention.plan
+for i in 1 2 3; do
+    .venv-peers/bin/specdeploy bench engine-int4.plan --compare --also int4-before-attention.plan --also int4-ort.plan \
+        --peers llama.cpp,ortgenai-int4 --model "$model" --repeats 3 --prompts-per-category 1 --no-plots \
+        -o "docs/bench/int4-vs-llamacpp/attention/$i"
+done
+python scripts/step_profile.py int4-before-attention.plan   # 1,253 kernels a step against the default's 735
+python scripts/quality_compare.py engine.plan engine-int4.plan int4-before-attention.plan engine-int8.plan
 sync   # pages just written stay dirty, and a dirty page is not paged out
 for b in engine-int4.plan int4-ort.plan engine.plan engine-int8.plan int8-nofloat.plan; do python scripts/memory_breakdown.py "$b"; done
 python scripts/memory_breakdown.py engine.plan --keep   # what the heap trim returns
