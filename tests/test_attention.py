@@ -4,15 +4,13 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
-from conftest import save_tiny_model, tiny_config
 from specdeploy.bundle import manifest as manifest_io
 from specdeploy.cli import main
 from specdeploy.config import GenerationConfig
 from specdeploy.errors import BackendError
-from specdeploy.quantization import attention, fusion, tensorrt_form
+from specdeploy.quantization import tensorrt_form
 from specdeploy.quantization.gqa_probe import kernel_row_independent
 from specdeploy.quantization.quantize import quantize
-from specdeploy.quantization.rewrites import fold_weight_transposes
 from specdeploy.runtime.engine import Engine
 
 FUSED_HERE = kernel_row_independent(4, 2, 16)  # the tiny models' heads: 4 query, 2 KV, 16 wide
@@ -24,15 +22,6 @@ def int4_bundle(tiny_bundle, tmp_path_factory):
     out = quantize(tiny_bundle, tmp_path_factory.mktemp("attention") / "int4", "int4", report=False,
                    echo=lines.append)
     return out, lines
-
-
-def _fused_layers(graph) -> int:
-    model = onnx.load(str(graph))
-    fold_weight_transposes(model)
-    fusion.fuse_float(model)
-    fusion.fuse_sibling_matmuls(model)
-    fusion.fuse_head_split(model)
-    return attention.fuse_attention(model, 128)
 
 
 def test_the_probe_refuses_what_the_kernel_refuses():
@@ -94,30 +83,17 @@ def test_attention_ops_keeps_the_exported_form(tiny_bundle, tmp_path):
     assert "GroupQueryAttention" not in ops and "RotaryEmbedding" in ops
 
 
-@pytest.mark.parametrize("window,layers", [(None, 2), (4, 0)])
-def test_a_sliding_window_keeps_its_attention_op_by_op(window, layers, tmp_path):
-    """The kernel's mask is the plain causal one: Mistral with a window (which slides every layer,
-    tests/export/test_families.py) keeps its op-by-op attention; without one every layer is fused."""
-    from specdeploy.export import ExportConfig, export
+def test_a_row_dependent_fused_bundle_is_refused_with_the_way_out(int4_bundle, monkeypatch):
+    from specdeploy.errors import RowDependenceError
+    from specdeploy.runtime import row_check
 
-    config = tiny_config("mistral")
-    config.sliding_window = window
-    model_dir = save_tiny_model("mistral", tmp_path / "model", config=config)
-    bundle = export(ExportConfig(source=model_dir, exit_layer=2, max_context=128, output=tmp_path / "bundle"))
-    assert _fused_layers(bundle / manifest_io.read(bundle).graph("draft").file) == layers
-
-
-def test_scatter_nd_kv_writes_fuse_too(tmp_path):
-    """Opset-23 bundles (ONNX Runtime 1.23, Python 3.10) write KV rows with ScatterND: the same
-    layers become the kernel, which writes the rows itself."""
-    from conftest import export_tiny
-
-    bundle = export_tiny("llama", tmp_path, exit_layer=2, opset=23)
-    assert _fused_layers(bundle / manifest_io.read(bundle).graph("verify").file) == 2
-    if FUSED_HERE:
-        out = quantize(bundle, tmp_path / "int4", "int4", report=False, echo=lambda s: None)
-        assert manifest_io.read(out).extra["fused_attention"] == {"draft": 2, "verify": 2}
-        cfg = dict(max_new_tokens=30, ignore_eos=True)
-        with Engine(out) as engine:
-            plain = engine.generate_ids([4, 5, 6], GenerationConfig(speculative=False, **cfg))
-            assert engine.generate_ids([4, 5, 6], GenerationConfig(num_draft_tokens=4, **cfg)) == plain
+    bundle, _ = int4_bundle
+    manifest = manifest_io.read(bundle)
+    monkeypatch.setattr(row_check, "check_bundle", lambda *a, **k: row_check.RowCheck(False, {"verify": 1e-7}, "m"))
+    fused = manifest.replace(extra={**manifest.extra, "fused_attention": {"draft": 2, "verify": 2}})
+    with pytest.raises(RowDependenceError, match="or quantize with --attention ops"):
+        row_check.require(bundle, fused, echo=lambda s: None)
+    plain = manifest.replace(extra={k: v for k, v in manifest.extra.items() if k != "fused_attention"})
+    with pytest.raises(RowDependenceError) as refused:
+        row_check.require(bundle, plain, echo=lambda s: None)
+    assert "--attention ops" not in str(refused.value)

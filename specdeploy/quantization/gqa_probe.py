@@ -3,9 +3,10 @@ whether a bundle being quantized gets the fused form at all.
 
 The fused form (attention.py) hands the kernel m rows plus a padded zero row; its contract is that
 each of those m rows is bitwise what a call of that one row plus the padded one computes. ONNX
-Runtime's CPU kernel keeps it on every machine measured (its one-row path, which differs, is never
-taken), but kernels are chosen per CPU, so a probe on random inputs decides before a bundle is
-built with it; the bundle's row check then covers the whole graphs, here and at load elsewhere.
+Runtime 1.32's CPU kernel keeps it on the machine measured (AVX-512; its one-row path, which
+differs, is never taken), but kernels are chosen per CPU, so a probe on random inputs decides
+before a bundle is built with it; the bundle's row check then covers the whole graphs, here and
+at load elsewhere.
 """
 from __future__ import annotations
 

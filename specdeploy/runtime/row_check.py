@@ -124,10 +124,12 @@ def require(bundle, manifest, echo=print) -> dict:
 
     result = check_bundle(bundle, manifest)
     if not result.passed:
+        fused = any((manifest.extra.get("fused_attention") or {}).values())
         raise RowDependenceError(
             f"the {manifest.precision} graphs are not row-independent on this machine "
             f"({describe(result)}): speculative output would differ from plain output; "
-            f"pick another --precision, or report the model and machine"
+            f"pick another --precision{', or quantize with --attention ops' if fused else ''}, "
+            f"or report the model and machine"
         )
     echo(f"row independence: {describe(result)}")
     return result.to_dict()

@@ -155,6 +155,48 @@ def test_a_window_in_a_config_without_layer_types_slides_every_layer(tmp_path):
     assert plain == _hf_greedy(model, PROMPTS[0], 12)
 
 
+def _fused_layers(graph) -> int:
+    """Layers of an fp32 graph that quantize would make one GroupQueryAttention each."""
+    import onnx
+
+    from specdeploy.quantization import attention, fusion
+    from specdeploy.quantization.rewrites import fold_weight_transposes
+
+    model = onnx.load(str(graph))
+    fold_weight_transposes(model)
+    fusion.fuse_float(model)
+    fusion.fuse_sibling_matmuls(model)
+    fusion.fuse_head_split(model)
+    return attention.fuse_attention(model, 128)
+
+
+@pytest.mark.parametrize("window,layers", [(None, 2), (4, 0)])
+def test_a_sliding_window_keeps_its_attention_op_by_op(window, layers, tmp_path):
+    """The kernel's mask is the plain causal one: Mistral with a window (which slides every layer, above) keeps its op-by-op attention; without one every layer is fused."""
+    config = tiny_config("mistral")
+    config.sliding_window = window
+    model_dir = save_tiny_model("mistral", tmp_path / "model", config=config)
+    bundle = export(ExportConfig(source=model_dir, exit_layer=2, max_context=128, output=tmp_path / "bundle"))
+    assert _fused_layers(bundle / manifest_io.read(bundle).graph("draft").file) == layers
+
+
+def test_scatter_nd_kv_writes_fuse_too(tmp_path):
+    """Opset-23 bundles (ONNX Runtime 1.23, Python 3.10) write KV rows with ScatterND: the same
+    layers become the kernel, which writes the rows itself."""
+    from specdeploy.quantization.gqa_probe import kernel_row_independent
+    from specdeploy.quantization.quantize import quantize
+
+    bundle = export_tiny("llama", tmp_path, exit_layer=2, opset=23)
+    assert _fused_layers(bundle / manifest_io.read(bundle).graph("verify").file) == 2
+    if kernel_row_independent(4, 2, 16):
+        out = quantize(bundle, tmp_path / "int4", "int4", report=False, echo=lambda s: None)
+        assert manifest_io.read(out).extra["fused_attention"] == {"draft": 2, "verify": 2}
+        cfg = dict(max_new_tokens=30, ignore_eos=True)
+        with Engine(out) as engine:
+            plain = engine.generate_ids([4, 5, 6], GenerationConfig(speculative=False, **cfg))
+            assert engine.generate_ids([4, 5, 6], GenerationConfig(num_draft_tokens=4, **cfg)) == plain
+
+
 def test_a_multimodal_gemma3_checkpoint_exports_its_text_decoder(tmp_path):
     vision = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                              num_attention_heads=2, image_size=28, patch_size=14)
