@@ -153,3 +153,33 @@ def test_head_split_leaves_a_chain_it_cannot_prove_alone():
     unknown = _heads_graph()
     del unknown.graph.value_info[:]  # the parts' rank unknown: [0, 0, -1, D] might not read [B, S, N]
     assert fusion.fuse_head_split(unknown) == 0
+
+
+def _biased_split_graph(constant_biases: bool = True):
+    """x @ W split in three parts, each plus its own bias (Qwen2's q / k / v after the sibling fusion)."""
+    widths = [8, 4, 4]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, ROWS, 6])
+    outs = [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [1, ROWS, w]) for i, w in enumerate(widths)]
+    inputs = [x] + ([] if constant_biases else [helper.make_tensor_value_info("b2", TensorProto.FLOAT, [4])])
+    graph = helper.make_graph([], "biased", inputs, outs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 24)])
+    model.graph.initializer.append(numpy_helper.from_array(RNG.standard_normal((6, 16), dtype=np.float32), "w"))
+    for i, w in enumerate(widths[: 3 if constant_biases else 2]):
+        model.graph.initializer.append(numpy_helper.from_array(RNG.standard_normal(w, dtype=np.float32), f"b{i}"))
+    sizes = _int64(model, "sizes", widths)
+    model.graph.node.extend([helper.make_node("MatMul", ["x", "w"], ["xw"]),
+                             helper.make_node("Split", ["xw", sizes], ["p0", "p1", "p2"], axis=-1, name="split")]
+                            + [helper.make_node("Add", [f"p{i}", f"b{i}"], [f"y{i}"]) for i in range(3)])
+    return model
+
+
+def test_per_part_biases_become_one_add_before_the_split_bitwise():
+    model = _biased_split_graph()
+    feeds = {"x": RNG.standard_normal((1, ROWS, 6), dtype=np.float32)}
+    expected = _run(model, feeds)
+    assert fusion.fuse_split_biases(model) == 1
+    assert [n.op_type for n in model.graph.node] == ["MatMul", "Add", "Split"]
+    for got, want in zip(_run(model, feeds), expected):
+        np.testing.assert_array_equal(got, want)
+    unfused = _biased_split_graph(constant_biases=False)  # one bias is an input: left alone
+    assert fusion.fuse_split_biases(unfused) == 0 and len(unfused.graph.node) == 5

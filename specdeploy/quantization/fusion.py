@@ -13,7 +13,8 @@ a call carries (the bundle's row check still decides):
   concatenated along N and a `Split`, before quantizing: one `MatMulNBits` quantizes the
   activation once;
 * head split: that q/k/v Split's three Reshape → Transpose chains into heads as one Reshape →
-  Transpose → Split on the head axis (the same values moved by three kernels instead of seven).
+  Transpose → Split on the head axis (the same values moved by three kernels instead of seven),
+  after any per-part bias Adds (Qwen2) become one Add before the Split.
 
 `tensorrt_form` undoes the first two for TensorRT, which runs neither contrib op.
 """
@@ -246,6 +247,46 @@ def fuse_sibling_matmuls(model) -> int:
         replaced.update({id(n): [] for n in siblings[1:]})
     set_nodes(model, [m for n in model.graph.node for m in replaced.get(id(n), [n])])
     return sum(len(v) > 1 for v in groups.values())
+
+
+def fuse_split_biases(model) -> int:
+    """A Split on the last axis whose every part is read only by an Add of a constant 1-D bias of
+    that part's width (Qwen2's q / k / v after fuse_sibling_matmuls) as one Add of the biases
+    concatenated, before the Split: the same sums element by element, and the parts then go
+    straight into heads (fuse_head_split). Returns how many Splits were rewritten."""
+    from onnx import helper, numpy_helper
+
+    g, inits = _Graph(model), {t.name: t for t in model.graph.initializer}
+    placed, gone = {}, set()
+    for split in [n for n in model.graph.node if n.op_type == "Split" and len(n.input) == 2]:
+        adds = [_bias_add(g, inits, name) for name in split.output]
+        sizes = g.value(split.input[1])
+        if not all(adds) or sizes is None or _attrs(split).get("axis") not in (-1, 2) or \
+                [a[1].size for a in adds] != [int(v) for v in sizes]:
+            continue
+        name = split.name + ".bias"
+        model.graph.initializer.append(numpy_helper.from_array(np.concatenate([a[1] for a in adds]), name))
+        added = helper.make_node("Add", [split.input[0], name], [name + ".sum"], name=name)
+        parts = helper.make_node("Split", [name + ".sum", split.input[1]], [a[0].output[0] for a in adds],
+                                 name=split.name, axis=-1)
+        placed[id(split)] = [added, parts]
+        gone |= {id(a[0]) for a in adds}
+    nodes = [m for n in model.graph.node if id(n) not in gone for m in placed.get(id(n), [n])]
+    _drop_dead(model, _topological(model, nodes))
+    return len(placed)
+
+
+def _bias_add(g: _Graph, inits: dict, name: str):
+    """(Add, bias [N]) when `name` is read only by an Add of a constant 1-D float initializer."""
+    from onnx import numpy_helper
+
+    readers = g.consumers.get(name, [])
+    add = readers[0] if len(readers) == 1 and readers[0].op_type == "Add" else None
+    other = add and [i for i in add.input if i != name]
+    if not other or len(other) != 1 or other[0] not in inits or len(inits[other[0]].dims) != 1:
+        return None
+    bias = numpy_helper.to_array(inits[other[0]])
+    return (add, bias) if bias.dtype == np.float32 else None
 
 
 def fuse_head_split(model) -> int:

@@ -166,6 +166,7 @@ def _fused_layers(graph) -> int:
     fold_weight_transposes(model)
     fusion.fuse_float(model)
     fusion.fuse_sibling_matmuls(model)
+    fusion.fuse_split_biases(model)
     fusion.fuse_head_split(model)
     return attention.fuse_attention(model, 128)
 
@@ -195,6 +196,20 @@ def test_scatter_nd_kv_writes_fuse_too(tmp_path):
         with Engine(out) as engine:
             plain = engine.generate_ids([4, 5, 6], GenerationConfig(speculative=False, **cfg))
             assert engine.generate_ids([4, 5, 6], GenerationConfig(num_draft_tokens=4, **cfg)) == plain
+
+
+def test_biased_q_k_v_split_into_heads_and_one_attention_kernel(tmp_path):
+    """Qwen2's q / k / v carry biases: their three Adds become one before the Split, so the layer
+    still splits into heads in three kernels and its attention is one kernel; the fused graphs
+    compute what the split ones do."""
+    bundle = export_tiny("qwen2", tmp_path, exit_layer=2)
+    fused, counts = _fused_copy(bundle, tmp_path / "fused")
+    for key in ("split_biases", "head_split", "attention"):
+        assert sum(c[key] for c in counts.values()) == TINY["num_hidden_layers"], (key, counts)
+    with Engine(bundle) as engine, Engine(fused) as fused_engine:
+        for ids in PROMPTS:
+            expected = teacher_forced_logits(engine, ids)
+            assert np.abs(teacher_forced_logits(fused_engine, ids) - expected).max() < 1e-4
 
 
 def test_a_multimodal_gemma3_checkpoint_exports_its_text_decoder(tmp_path):
@@ -232,6 +247,7 @@ def _fused_copy(bundle, target):
         fold_weight_transposes(model)  # as quantize_graph does first
         counts[name] = fusion.fuse_float(model)
         counts[name]["siblings"] = fusion.fuse_sibling_matmuls(model)
+        counts[name]["split_biases"] = fusion.fuse_split_biases(model)
         counts[name]["head_split"] = fusion.fuse_head_split(model)
         counts[name]["attention"] = attention.fuse_attention(model, manifest.max_context) if graph.kv_layers else 0
         onnx.save(model, str(target / graph.file), save_as_external_data=True, location=graph.file + ".data")
