@@ -28,7 +28,6 @@ def test_the_probe_refuses_what_the_kernel_refuses():
     """ONNX Runtime's kernel takes head sizes in multiples of 16: a probe that runs it says no to 8
     (and the rewrite never matches such a layer)."""
     assert kernel_row_independent(4, 1, 8) is False
-    assert isinstance(kernel_row_independent(9, 3, 64), bool)
 
 
 def test_a_quantized_bundle_says_which_attention_it_runs(int4_bundle):

@@ -41,6 +41,13 @@ def present_value(layer: int) -> str:
     return f"present_value.{layer}"
 
 
+def is_kv(name: str) -> bool:
+    """Whether `name` is a KV buffer input or output of some layer."""
+    _, _, layer = name.rpartition(".")
+    return layer.isdigit() and name in (past_key(int(layer)), past_value(int(layer)), present_key(int(layer)),
+                                        present_value(int(layer)))
+
+
 def kv_inputs(layers: range) -> list[str]:
     return [past_key(i) for i in layers] + [past_value(i) for i in layers]
 

@@ -93,7 +93,7 @@ def _plain_causal(g: _Graph, mask: str) -> bool:
     root = _traced(g, mask, {"Expand", "Tile", "Unsqueeze", "Reshape", "Identity"})
     if root is None or root.op_type != "And" or len(root.input) != 2:
         return False
-    kinds = sorted(str(getattr(g.producer.get(i), "op_type", "")) for i in root.input)
+    kinds = {getattr(g.producer.get(i), "op_type", None) for i in root.input}
     padding = [_root_input(g, i) for i in root.input]
     return "LessOrEqual" in kinds and io_names.ATTENTION_MASK in padding
 
@@ -211,10 +211,9 @@ def _kernel_nodes(layer: _Layer, caches: tuple, lengths: tuple) -> list:
 
 def _resize_kv(model, rows: int) -> None:
     """Every KV buffer input and output of the graph as [1, Hkv, rows, D]."""
-    prefixes = ("past_key.", "past_value.", "present_key.", "present_value.")
     for value in [*model.graph.input, *model.graph.output]:
         dims = value.type.tensor_type.shape.dim
-        if value.name.startswith(prefixes) and len(dims) == 4:
+        if io_names.is_kv(value.name) and len(dims) == 4:
             dims[2].dim_value = rows
 
 

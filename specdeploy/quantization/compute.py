@@ -131,10 +131,7 @@ def quantize_graph(src: Path, dst: Path, precision: str, method: str = "rtn", in
     model = onnx.load(str(src))
     fold_weight_transposes(model)
     if options.fuse:
-        fusion.fuse_float(model)
-        fusion.fuse_sibling_matmuls(model)
-        fusion.fuse_split_biases(model)
-        fusion.fuse_head_split(model)
+        fusion.fuse_all(model)
         if max_context:
             attention.fuse_attention(model, max_context, gqa_probe.kernel_row_independent)
     chosen, carried = compute_form(precision, options), 0

@@ -79,6 +79,15 @@ def fuse_float(model) -> dict[str, int]:
     return counts
 
 
+def fuse_all(model) -> dict[str, int]:
+    """Every rewrite here, in the order quantize makes them (before quantizing); how many of each."""
+    counts = fuse_float(model)
+    counts["siblings"] = fuse_sibling_matmuls(model)
+    counts["split_biases"] = fuse_split_biases(model)
+    counts["head_split"] = fuse_head_split(model)
+    return counts
+
+
 def _drop_dead(model, nodes) -> None:
     """Set the graph's nodes to `nodes` less those whose outputs nothing reads."""
     outputs = {o.name for o in model.graph.output}

@@ -164,10 +164,7 @@ def _fused_layers(graph) -> int:
 
     model = onnx.load(str(graph))
     fold_weight_transposes(model)
-    fusion.fuse_float(model)
-    fusion.fuse_sibling_matmuls(model)
-    fusion.fuse_split_biases(model)
-    fusion.fuse_head_split(model)
+    fusion.fuse_all(model)
     return attention.fuse_attention(model, 128)
 
 
@@ -245,10 +242,7 @@ def _fused_copy(bundle, target):
     for name, graph in manifest.graphs.items():
         model = onnx.load(str(target / graph.file))
         fold_weight_transposes(model)  # as quantize_graph does first
-        counts[name] = fusion.fuse_float(model)
-        counts[name]["siblings"] = fusion.fuse_sibling_matmuls(model)
-        counts[name]["split_biases"] = fusion.fuse_split_biases(model)
-        counts[name]["head_split"] = fusion.fuse_head_split(model)
+        counts[name] = fusion.fuse_all(model)
         counts[name]["attention"] = attention.fuse_attention(model, manifest.max_context) if graph.kv_layers else 0
         onnx.save(model, str(target / graph.file), save_as_external_data=True, location=graph.file + ".data")
     fused = {name: c["attention"] for name, c in counts.items()}
