@@ -96,3 +96,19 @@ def test_a_row_dependent_fused_bundle_is_refused_with_the_way_out(int4_bundle, m
     with pytest.raises(RowDependenceError) as refused:
         row_check.require(bundle, plain, echo=lambda s: None)
     assert "--attention ops" not in str(refused.value)
+
+
+def test_the_shipped_window_probe_is_the_model_the_code_makes():
+    from specdeploy.backends import attention_window
+    from specdeploy.quantization.gqa_probe import window_probe_model
+
+    assert onnx.load(str(attention_window.PROBE)).SerializeToString() == window_probe_model().SerializeToString()
+    assert attention_window.shift() in (0, 1)  # the two counts measured (ONNX Runtime 1.32, 1.23)
+
+
+@pytest.mark.parametrize("form", [dict(packed=False), dict(softcap=3.0), dict(window=4), dict(rotary=False)])
+def test_the_probe_runs_every_form_the_rewrite_makes(form):
+    """Apart q/k/v, soft-capping, a window, no rotary: each configuration the rewrite emits is
+    probed with those attributes (on this machine the kernel keeps rows independent for all, or for
+    none when it does not for the plain form either)."""
+    assert kernel_row_independent(4, 2, 16, **form) == FUSED_HERE

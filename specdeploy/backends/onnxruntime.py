@@ -15,6 +15,7 @@ from ..bundle import io_names
 from ..bundle.manifest import GraphInfo, Manifest
 from ..constants import PROVIDERS
 from ..errors import BackendError, ConfigError
+from . import attention_window
 from .base import OutputBuffers
 from .residency import page_out, trim_heap, zeroed
 
@@ -146,6 +147,7 @@ def load_stages(bundle: Path, manifest: Manifest, provider: str | None = None, t
     check_opset(manifest)
     provider = provider or "cpu"
     check_provider(manifest, provider)
+    attention_window.check(manifest, provider)
     providers = providers_for(provider)
     options = provider_options(provider, bundle) or None
     device = "cpu" if provider == "cpu" else "cuda"

@@ -133,7 +133,7 @@ def quantize_graph(src: Path, dst: Path, precision: str, method: str = "rtn", in
     if options.fuse:
         fusion.fuse_all(model)
         if max_context:
-            attention.fuse_attention(model, max_context, gqa_probe.kernel_row_independent)
+            attention.fuse_attention(model, max_context, gqa_probe.form_row_independent)
     chosen, carried = compute_form(precision, options), 0
     if method != "ort":
         carried = _own_blocks(model, chosen, "absmax" if method == "rtn" else method, index, outliers, grams,

@@ -24,11 +24,13 @@ from pathlib import Path
 from typing import Callable
 
 from .. import prompts
+from ..backends import attention_window
 from ..bundle import io_names
 from ..bundle import manifest as manifest_io
 from ..constants import PRECISIONS
 from ..errors import ConfigError, RowDependenceError, require
 from . import feeds as feeds_io, gqa_probe
+from .attention import fused_count
 from .compute import FORMS as COMPUTE_FORMS, INT4_BLOCKS, ComputeOptions, quantize_embedding, quantize_graph
 from .rewrites import drop_activation_qdq, float_matmuls, fold_weight_transposes, int8_weights_to_fp8, to_fp16
 
@@ -101,7 +103,6 @@ def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str,
                      echo, options: ComputeOptions, fuse_attention: bool) -> tuple[dict, dict, dict, dict]:
     """Each graph quantized into `tmp` (the tied embedding too); (files by stem, carried counts,
     folded counts, fused attention layers)."""
-    from .attention import fused_count
     from .folding import folded_count
 
     files, carried, folded, fused, found = {}, {}, {}, {}, calibration.outliers
@@ -131,7 +132,7 @@ def _attention_line(fused: dict, reason: str | None) -> str:
     if any(fused.values()):
         layers = ", ".join(f"{n} {c}" for n, c in fused.items() if c)
         return f"attention: one GroupQueryAttention kernel a layer ({layers} layers)"
-    return f"attention: op by op ({reason or 'no layer in the plain form that kernel computes row-independently here'})"
+    return f"attention: op by op ({reason or 'no layer in a form that kernel computes row-independently here'})"
 
 
 def _carried(carried: int, folded: int) -> str:
@@ -187,6 +188,8 @@ def quantize_bundle(bundle: Path, precision: str, draft_precision: str | None = 
         extra = {**extra, "folded_offsets": folded}
     if any(fused.values()):
         extra = {**extra, "fused_attention": {n: c for n, c in fused.items() if c}}
+        if any(fused_count(bundle / g.file, windowed=True) for n, g in graphs.items() if fused[n]):
+            extra = {**extra, attention_window.SHIFT_KEY: attention_window.shift()}
     if any(found.values()):
         extra = {**extra, "float_outlier_channels": {n: int(sum(map(len, c.values()))) for n, c in found.items()}}
     if "int4" in plan.values():

@@ -168,14 +168,22 @@ def _fused_layers(graph) -> int:
     return attention.fuse_attention(model, 128)
 
 
-@pytest.mark.parametrize("window,layers", [(None, 2), (4, 0)])
-def test_a_sliding_window_keeps_its_attention_op_by_op(window, layers, tmp_path):
-    """The kernel's mask is the plain causal one: Mistral with a window (which slides every layer, above) keeps its op-by-op attention; without one every layer is fused."""
-    config = tiny_config("mistral")
+@pytest.mark.parametrize("arch,window", [("mistral", 4), ("mistral", None), ("qwen3", None)])
+def test_sliding_windows_and_per_head_norms_become_the_kernel_too(arch, window, tmp_path):
+    """Mistral with a window (which slides every layer, above) gets the kernel's local window;
+    Qwen3's per-head QK-norm sits between the head split and the rotary, so its q and k reach the
+    kernel apart from v. Either way every layer is fused and the fused graphs compute what the
+    split ones do, past the window too."""
+    config = tiny_config(arch)
     config.sliding_window = window
-    model_dir = save_tiny_model("mistral", tmp_path / "model", config=config)
+    model_dir = save_tiny_model(arch, tmp_path / "model", config=config)
     bundle = export(ExportConfig(source=model_dir, exit_layer=2, max_context=128, output=tmp_path / "bundle"))
-    assert _fused_layers(bundle / manifest_io.read(bundle).graph("draft").file) == layers
+    fused, counts = _fused_copy(bundle, tmp_path / "fused")
+    assert sum(c["attention"] for c in counts.values()) == TINY["num_hidden_layers"], counts
+    with Engine(bundle) as engine, Engine(fused) as fused_engine:
+        for ids in PROMPTS:
+            expected = teacher_forced_logits(engine, ids)
+            assert np.abs(teacher_forced_logits(fused_engine, ids) - expected).max() < 1e-4
 
 
 def test_scatter_nd_kv_writes_fuse_too(tmp_path):
@@ -251,10 +259,10 @@ def _fused_copy(bundle, target):
 
 
 ROTARY_LAYERS = {"smollm3": 2}  # NoPE every second layer: only two of four rotate
-# layers whose attention becomes one kernel: q/k/v one matmul split into heads, rotated q and k,
-# the plain causal mask. Not: Gemma 2 (soft-capped scores), Gemma 3 (QK-norm, sliding windows),
-# OLMo 2 (QK-norm), Phi-3 (partial rotary: no head split), SmolLM3's NoPE layers
-ATTENTION_LAYERS = {"llama3": 4, "granite": 4, "smollm3": 2}
+# layers whose attention becomes one kernel: every layer (Gemma 2's soft-capped scores and sliding
+# layers, Gemma 3's QK-norm after the head split and per-type RoPE bases, OLMo 2's QK-norm over all
+# heads, SmolLM3's NoPE layers without rotary) but Phi-3's (partial rotary: not the kernel's)
+ATTENTION_LAYERS = {"phi3": 0}
 
 
 def test_fused_graphs_compute_what_the_split_graphs_do(family, tmp_path):
@@ -264,8 +272,37 @@ def test_fused_graphs_compute_what_the_split_graphs_do(family, tmp_path):
     assert rotary == 2 * ROTARY_LAYERS.get(arch, TINY["num_hidden_layers"]), (arch, counts)  # q and k
     if arch == "llama3":  # q/k/v without biases or per-head norms: every layer's split into heads
         assert sum(c["head_split"] for c in counts.values()) == TINY["num_hidden_layers"], counts
-    assert sum(c["attention"] for c in counts.values()) == ATTENTION_LAYERS.get(arch, 0), (arch, counts)
+    assert sum(c["attention"] for c in counts.values()) == ATTENTION_LAYERS.get(arch, TINY["num_hidden_layers"]), \
+        (arch, counts)
     with Engine(bundle) as engine, Engine(fused) as fused_engine:
         for ids in PROMPTS:
             expected = teacher_forced_logits(engine, ids)
             assert np.abs(teacher_forced_logits(fused_engine, ids) - expected).max() < 1e-4, arch
+
+
+def test_a_windowed_int4_bundle_is_exact_and_refused_where_the_window_counts_differently(tmp_path, monkeypatch):
+    """Gemma 3's sliding layers quantized with fused attention: greedy speculative == plain past the
+    window for every draft source; the bundle records how this ONNX Runtime counts the kernel's
+    window, and an ONNX Runtime counting it otherwise (1.23 sees one key more) refuses to load it."""
+    from specdeploy.backends import attention_window
+    from specdeploy.errors import BackendError
+    from specdeploy.quantization.gqa_probe import form_row_independent
+    from specdeploy.quantization.attention_match import KernelForm
+    from specdeploy.quantization.quantize import quantize
+
+    if not form_row_independent(KernelForm(4, 2, 16, packed=False, window=4)):
+        pytest.skip("GroupQueryAttention's rows depend on the call on this machine")
+    bundle = export_tiny("gemma3_text", tmp_path, exit_layer=2)
+    out = quantize(bundle, tmp_path / "int4", "int4", report=False, echo=lambda s: None)
+    m = manifest_io.read(out)
+    assert m.extra["fused_attention"] == {"draft": 2, "verify": 2}
+    assert m.extra[attention_window.SHIFT_KEY] == attention_window.shift()
+    cfg = dict(max_new_tokens=24, ignore_eos=True)
+    with Engine(out) as engine:
+        plain = engine.generate_ids(PROMPTS[0], GenerationConfig(speculative=False, **cfg))
+        for source in ("early_exit", "lookup", "hybrid"):
+            spec = engine.generate_ids(PROMPTS[0], GenerationConfig(num_draft_tokens=4, draft_source=source, **cfg))
+            assert spec == plain, source
+    monkeypatch.setattr(attention_window, "shift", lambda: m.extra[attention_window.SHIFT_KEY] + 1)
+    with pytest.raises(BackendError, match="--attention ops"):
+        Engine(out)
