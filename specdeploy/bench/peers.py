@@ -84,7 +84,9 @@ def _prompt_ids(bundle: Path, per_category: int) -> tuple[list[str], list[list[i
 
     with Engine(bundle) as engine:
         chosen = [(c, p) for c, ps in prompt_sets.BENCH_PROMPTS.items() for p in ps[:per_category]]
-        return [c for c, _ in chosen], [engine.encode_prompt([{"role": "user", "content": p}]) for _, p in chosen]
+        chat = engine.tokenizer.chat_template is not None  # a base model (no template) gets the text itself
+        return [c for c, _ in chosen], [engine.encode_prompt([{"role": "user", "content": p}] if chat else p)
+                                        for _, p in chosen]
 
 
 def _agreement(outputs: list[list[int]], reference: list[list[int]]) -> dict:

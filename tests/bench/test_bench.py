@@ -122,3 +122,22 @@ def test_compare_times_two_bundles_of_one_precision_apart(tiny_bundle, tmp_path,
     monkeypatch.setattr(peers, "_rows", lambda config: rows)
     speeds = {r["runtime"]: r["tokens_per_second"] for r in peers.run(config, echo=lambda s: None)["rows"]}
     assert speeds[f"specdeploy fp32 [{slow.name}] plain"] < speeds[f"specdeploy fp32 [{tiny_bundle.name}] plain"] / 2
+
+
+def test_compare_prompts_a_base_model_with_the_text_itself(tiny_bundle, tmp_path):
+    """A bundle without a chat template (a base model: Gemma 3 270M's GGUF) is compared on the
+    prompts' text, as `bench` does, instead of failing on the template."""
+    import shutil
+
+    from specdeploy.bench import peers
+    from specdeploy.bundle import manifest as manifest_io
+    from specdeploy.prompts import BENCH_PROMPTS
+    from specdeploy.runtime.engine import Engine
+
+    base = tmp_path / "base.plan"
+    shutil.copytree(tiny_bundle, base)
+    manifest_io.write(base, manifest_io.read(base).replace(chat_template=None))
+    categories, ids = peers._prompt_ids(base, 1)
+    with Engine(base) as engine:
+        assert ids == [engine.encode_prompt(ps[0]) for ps in BENCH_PROMPTS.values()]
+    assert len(categories) == len(BENCH_PROMPTS)
