@@ -6,6 +6,7 @@ update the cache in place; outputs are written straight into preallocated numpy 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ from ..constants import PROVIDERS
 from ..errors import BackendError, ConfigError
 from . import attention_window
 from .base import OutputBuffers
-from .residency import page_out, trim_heap, zeroed
+from .residency import anonymous_regions, collapse_new, page_out, trim_heap, zeroed
 
 EXECUTION_PROVIDERS = dict(zip(PROVIDERS, ("CPUExecutionProvider", "CUDAExecutionProvider",
                                            "TensorrtExecutionProvider")))
@@ -151,6 +152,7 @@ def load_stages(bundle: Path, manifest: Manifest, provider: str | None = None, t
     providers = providers_for(provider)
     options = provider_options(provider, bundle) or None
     device = "cpu" if provider == "cpu" else "cuda"
+    before = anonymous_regions() if device == "cpu" and sys.platform.startswith("linux") else None
     stages = {}
     for name, graph in manifest.graphs.items():
         path = Path(bundle) / graph.file
@@ -168,4 +170,5 @@ def load_stages(bundle: Path, manifest: Manifest, provider: str | None = None, t
         trim_heap()  # before the next session's load peaks on top of what this one freed
         stages[name] = OrtStage(name, session, graph, allocate_kv(manifest, graph.layers, device))
     page_out(bundle)  # every session has packed its weights: the file's copies need not stay resident
+    collapse_new(before)  # what the sessions packed, on 2 MB pages (residency.py)
     return stages

@@ -12,6 +12,14 @@ sees: a page read later (an embedding row) is faulted back in from the file (`pa
 * After such frees, glibc may serve a large `np.zeros` from recycled heap and write every zero: the
   whole KV cache resident at once. `zeroed` maps fresh pages, resident only where rows are written.
 Linux (glibc) only; elsewhere, or on kernels older than 5.4, nothing is released and nothing changes.
+
+And one thing about speed: every decode step streams all the packed weights, which sit in 4 KB
+pages of anonymous memory (transparent huge pages are usually `madvise`-only, and neither glibc nor
+ONNX Runtime asks for them), so the walk through ~100+ MB costs a TLB miss every 4 KB. Once the
+sessions are built, `collapse_new` asks the kernel to back the memory their load mapped, where it
+is already (almost) all resident, with 2 MB pages (`MADV_COLLAPSE`, Linux >= 6.1; elsewhere
+nothing changes): the same bytes, resident memory unchanged, plain int4 decoding 6-11% faster on
+the example and Gemma 3 270M (docs/benchmarks.md). Sparse mappings (the KV buffers) are left alone.
 Pages of a file written moments ago stay dirty until written back and are not paged out (a bundle
 just quantized holds more until then); pages a kernel still reads (int8's MatMulNBits reads some of
 its mapped inputs every run) simply come back.
@@ -75,3 +83,40 @@ def zeroed(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     dtype = np.dtype(dtype)
     nbytes = max(1, int(np.prod(shape)) * dtype.itemsize)
     return np.frombuffer(mmap.mmap(-1, nbytes), dtype, int(np.prod(shape))).reshape(shape)
+
+
+MADV_COLLAPSE = 25  # linux/mman-common.h, Linux >= 6.1
+HUGE_PAGE = 2 << 20
+
+
+def anonymous_regions(smaps: str = "/proc/self/smaps") -> dict[tuple[int, int], int]:
+    """{(start, end): resident bytes} of every private anonymous mapping (the heap's included)."""
+    regions, current = {}, None
+    with open(smaps) as lines:
+        for line in lines:
+            fields = line.split()
+            if "-" in fields[0] and len(fields) >= 5 and ":" in fields[3]:  # a mapping's header line
+                named = len(fields) >= 6 and fields[5] != "[heap]"
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                current = None if named or not fields[1].startswith("rw") else (start, end)
+            elif current is not None and fields[0] == "Rss:":
+                regions[current] = int(fields[1]) * 1024
+    return regions
+
+
+def collapse_new(before: dict, min_resident: float = 0.9) -> int:
+    """Back with huge pages (`madvise(MADV_COLLAPSE)`) the anonymous memory mapped since `before`
+    (an `anonymous_regions()` snapshot) that is already almost all resident: the packed weights
+    every step streams through. Returns the bytes collapsed."""
+    if not sys.platform.startswith("linux") or before is None:
+        return 0
+    libc, collapsed = _libc(), 0
+    for (start, end), resident in anonymous_regions().items():
+        lo, hi = -(-start // HUGE_PAGE) * HUGE_PAGE, end // HUGE_PAGE * HUGE_PAGE
+        if (start, end) in before or hi <= lo or resident < min_resident * (end - start):
+            continue
+        if libc.madvise(lo, hi - lo, MADV_COLLAPSE) == 0:
+            collapsed += hi - lo
+        elif ctypes.get_errno() == 22:  # EINVAL: a kernel without MADV_COLLAPSE
+            break
+    return collapsed

@@ -107,3 +107,49 @@ def test_an_int4_bundle_computes_the_same_bytes_once_its_pages_go(tiny_bundle, t
     assert mapped > 0 and advised > 0
     assert resident_kb((bundle / m.weights).resolve()) < mapped
     assert np.array_equal(model.draft_pass([3, 4, 5], 0), before)
+
+
+def huge_kb(start: int) -> int:
+    """AnonHugePages of the mapping starting at `start`, from /proc/self/smaps."""
+    inside = False
+    for line in open("/proc/self/smaps"):
+        fields = line.split()
+        if "-" in fields[0] and not fields[0].endswith(":"):
+            inside = int(fields[0].split("-")[0], 16) == start
+        elif inside and fields[0] == "AnonHugePages:":
+            return int(fields[1])
+    return 0
+
+
+def collapse_supported() -> bool:
+    import os
+    from pathlib import Path
+
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    release = tuple(int(x) for x in os.uname().release.split("-")[0].split(".")[:2])
+    return release >= (6, 1) and thp.is_file() and "[never]" not in thp.read_text()
+
+
+@linux
+def test_collapse_new_backs_resident_new_memory_with_huge_pages_and_keeps_its_bytes():
+    """A mapping made after the snapshot and fully written is collapsed (same bytes, 2 MB pages);
+    one written only here and there (a KV buffer) is left alone, so nothing becomes resident."""
+    import ctypes
+
+    from specdeploy.backends.residency import anonymous_regions, collapse_new
+
+    before = anonymous_regions()
+    dense = np.frombuffer(mmap.mmap(-1, 16 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), np.uint8)  # as malloc's
+    dense[:] = np.arange(dense.size) % 251
+    sparse = zeroed((16 << 20,), np.uint8)
+    sparse[::1 << 20] = 1
+    sparse_resident = rss_anon_kb()
+    if not collapse_supported():
+        pytest.skip("this kernel has no MADV_COLLAPSE (Linux >= 6.1) or no transparent huge pages")
+    collapsed = collapse_new(before)
+    assert collapsed >= 12 << 20  # the 2 MB-aligned part of the dense mapping
+    assert huge_kb(ctypes.addressof(ctypes.c_char.from_buffer(dense))) >= 12 << 10
+    assert huge_kb(ctypes.addressof(ctypes.c_char.from_buffer(sparse))) == 0
+    assert rss_anon_kb() - sparse_resident < 4 << 10  # KB: the sparse 16 MB stayed sparse
+    assert np.array_equal(dense, np.arange(dense.size) % 251)
+    assert collapse_new(None) == 0
