@@ -88,6 +88,18 @@ def test_arena_ab_times_both_modes_on_both_engines(tiny_bundle):
     assert all("no arena (default)" in line and "(1.000x)" in line and "arena:" in line for line in lines)
 
 
+def test_huge_pages_ab_times_both_modes_on_both_sides(tiny_bundle):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "huge_pages_ab.py"), str(tiny_bundle), "--repeats",
+                          "1", "--max-tokens", "8"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == ["plain", "speculative"]
+    assert all("huge pages:" in line and "4 KB pages:" in line and line.endswith("x)") for line in lines)
+
+
 def test_round_overhead_times_the_drafters_choices_while_decoding(tiny_bundle):
     import subprocess
     import sys
@@ -178,7 +190,7 @@ def test_step_profile_counts_each_op_types_kernels_a_step(tiny_bundle):
     assert "MatMul" in shares and abs(sum(shares.values()) - 100) < 1
 
 
-@pytest.mark.parametrize("script, bundles", [("arena_ab", 1), ("copy_length_ab", 1), ("outlier_channels", 1),
+@pytest.mark.parametrize("script, bundles", [("arena_ab", 1), ("huge_pages_ab", 1), ("copy_length_ab", 1), ("outlier_channels", 1),
                                              ("quality_compare", 2), ("round_overhead", 1),
                                              ("offset_cost", 1), ("step_profile", 1)])
 def test_a_script_given_no_bundle_says_so_in_one_line(script, bundles, tmp_path):
