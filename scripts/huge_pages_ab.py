@@ -1,60 +1,106 @@
-"""Packed weights on 2 MB pages (the runtime's default on Linux >= 6.1) vs left on 4 KB pages, tokens/s interleaved in one run.
+"""Packed weights on 2 MB pages (the runtime's default on Linux >= 6.1) vs left on 4 KB pages, tokens/s alternated in one run.
 
-Usage: python scripts/huge_pages_ab.py BUNDLE [--repeats 3] [--max-tokens 64]
-Four engines over BUNDLE, loaded in the order huge, 4 KB, 4 KB, huge (so that an effect of load
-order, which two engines of one process showed before the collapse, falls on both sides alike);
-each prompt (one per bench category, chat template when the bundle has one, EOS ignored) runs
-plain and speculative on each, alternating the order every repeat. Prints each side's tokens/s
-and the ratio.
+Usage: python scripts/huge_pages_ab.py BUNDLE [--repeats 3] [--max-tokens 64] [--load-order N [--small-pages]]
+Each side runs in a process of its own (huge pages are a property of a process's memory: two
+engines of one process share its heap), the sides alternating and swapping order every repeat;
+each process decodes one prompt per bench category (chat template when the bundle has one, EOS
+ignored) plain and speculative. Prints each side's median tokens/s and the ratio, and its median
+peak resident memory (the process's, loading and both modes).
+--load-order N: instead, BUNDLE loaded N times in one process (on 4 KB pages with --small-pages),
+plain decoding interleaved, order reversed every repeat; prints each engine's speed relative to
+the first loaded (what a same-process comparison of engines is biased by).
 """
 from __future__ import annotations
 
 import argparse
+import json
+import resource
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+import numpy as np
 
-def _engines(bundle: Path) -> list[tuple[str, object]]:
+SIDES = ("huge", "4 KB")
+
+
+def _side(bundle: Path, side: str, max_tokens: int) -> None:
+    """One process's measurement: tokens/s of each mode, as JSON on stdout."""
     from specdeploy.backends import onnxruntime as backend
+    from specdeploy.config import GenerationConfig
+    from specdeploy.prompts import BENCH_PROMPTS
     from specdeploy.runtime.engine import Engine
 
-    collapse = backend.collapse_new
-    engines = []
-    for label in ("huge", "4 KB", "4 KB", "huge"):
-        backend.collapse_new = collapse if label == "huge" else (lambda before: 0)
-        engines.append((label, Engine(bundle)))
-    backend.collapse_new = collapse
-    return engines
+    if side != "huge":
+        backend.collapse_new = lambda before: 0
+    rates = {}
+    with Engine(bundle) as engine:
+        chat = engine.tokenizer.chat_template is not None
+        prompts = [engine.encode_prompt([{"role": "user", "content": ps[0]}] if chat else ps[0])
+                   [: engine.manifest.max_context - max_tokens] for ps in BENCH_PROMPTS.values()]
+        for mode, speculative in (("plain", False), ("speculative", None)):
+            config = GenerationConfig(max_new_tokens=max_tokens, speculative=speculative, ignore_eos=True)
+            engine.generate_ids(prompts[0], config)  # warm
+            began, tokens = time.perf_counter(), 0
+            for ids in prompts:
+                tokens += len(engine.generate_ids(ids, config))
+            rates[mode] = tokens / (time.perf_counter() - began)
+    rates["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps(rates))
+
+
+def _load_order(bundle: Path, count: int, small_pages: bool, repeats: int, max_tokens: int) -> None:
+    from specdeploy.backends import onnxruntime as backend
+    from specdeploy.config import GenerationConfig
+    from specdeploy.prompts import BENCH_PROMPTS
+    from specdeploy.runtime.engine import Engine
+
+    if small_pages:
+        backend.collapse_new = lambda before: 0
+    engines = [Engine(bundle) for _ in range(count)]
+    chat = engines[0].tokenizer.chat_template is not None
+    prompts = [engines[0].encode_prompt([{"role": "user", "content": ps[0]}] if chat else ps[0])
+               [: engines[0].manifest.max_context - max_tokens] for ps in BENCH_PROMPTS.values()]
+    config = GenerationConfig(max_new_tokens=max_tokens, speculative=False, ignore_eos=True)
+    seconds = [0.0] * count
+    for repeat in range(repeats):
+        for ids in prompts:
+            for i in range(count)[:: 1 if repeat % 2 == 0 else -1]:
+                began = time.perf_counter()
+                engines[i].generate_ids(ids, config)
+                seconds[i] += time.perf_counter() - began
+    print("speed by load order, relative to the first: " + " / ".join(f"{seconds[0] / s:.3f}" for s in seconds))
 
 
 def main() -> None:
-    from specdeploy.config import GenerationConfig
-    from specdeploy.prompts import BENCH_PROMPTS
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bundle", type=Path)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--load-order", type=int, metavar="N")
+    parser.add_argument("--small-pages", action="store_true")
+    parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    engines = _engines(args.bundle)
-    chat = engines[0][1].tokenizer.chat_template is not None
-    modes = {"plain": False, "speculative": None}
-    totals = {(label, mode): [0, 0.0] for label in ("huge", "4 KB") for mode in modes}
+    if args.side:
+        return _side(args.bundle, args.side, args.max_tokens)
+    from specdeploy.bundle import manifest as manifest_io
+
+    manifest_io.read(args.bundle)  # a missing or bad bundle: one line, before any process starts
+    if args.load_order:
+        return _load_order(args.bundle, args.load_order, args.small_pages, args.repeats, args.max_tokens)
+    runs = {side: [] for side in SIDES}
     for repeat in range(args.repeats):
-        for prompts in BENCH_PROMPTS.values():
-            for label, engine in engines[:: 1 if repeat % 2 == 0 else -1]:
-                ids = engine.encode_prompt([{"role": "user", "content": prompts[0]}] if chat else prompts[0])
-                ids = ids[: engine.manifest.max_context - args.max_tokens]
-                for mode, speculative in modes.items():
-                    config = GenerationConfig(max_new_tokens=args.max_tokens, speculative=speculative, ignore_eos=True)
-                    began = time.perf_counter()
-                    tokens = engine.generate_ids(ids, config)
-                    totals[label, mode][0] += len(tokens)
-                    totals[label, mode][1] += time.perf_counter() - began
-    for mode in modes:
-        rates = {label: totals[label, mode][0] / totals[label, mode][1] for label in ("huge", "4 KB")}
+        for side in SIDES[:: 1 if repeat % 2 == 0 else -1]:
+            out = subprocess.run([sys.executable, __file__, str(args.bundle), "--side", side,
+                                  "--max-tokens", str(args.max_tokens)], capture_output=True, text=True, check=True)
+            runs[side].append(json.loads(out.stdout.splitlines()[-1]))
+    for mode in ("plain", "speculative"):
+        rates = {side: float(np.median([r[mode] for r in runs[side]])) for side in SIDES}
         print(f"{mode:12s} huge pages: {rates['huge']:6.1f} tok/s  4 KB pages: {rates['4 KB']:6.1f} tok/s  "
               f"({rates['huge'] / rates['4 KB']:.3f}x)")
+    peaks = {side: float(np.median([r["peak_mb"] for r in runs[side]])) for side in SIDES}
+    print(f"peak memory  huge pages: {peaks['huge']:6.1f} MB     4 KB pages: {peaks['4 KB']:6.1f} MB")
 
 
 if __name__ == "__main__":

@@ -96,8 +96,15 @@ def test_huge_pages_ab_times_both_modes_on_both_sides(tiny_bundle):
                           "1", "--max-tokens", "8"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert [line.split()[0] for line in lines] == ["plain", "speculative"]
-    assert all("huge pages:" in line and "4 KB pages:" in line and line.endswith("x)") for line in lines)
+    assert [line.split()[0] for line in lines] == ["plain", "speculative", "peak"]
+    assert all("huge pages:" in line and "4 KB pages:" in line and line.endswith("x)") for line in lines[:2])
+    assert lines[2].endswith("MB")
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "huge_pages_ab.py"), str(tiny_bundle), "--load-order",
+                          "3", "--small-pages", "--repeats", "1", "--max-tokens", "4"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    relative = out.stdout.strip().rsplit(": ", 1)[1].split(" / ")
+    assert len(relative) == 3 and relative[0] == "1.000"
 
 
 def test_round_overhead_times_the_drafters_choices_while_decoding(tiny_bundle):
