@@ -81,6 +81,22 @@ python scripts/quality_compare.py engine.plan engine-int8.plan int8-unfused.plan
 scripts/fetch_gemma3.sh
 [ -f gemma3.plan/manifest.json ] || specdeploy export --exit-layer 6 models/gemma-3-270m-q4_k_m.gguf -o gemma3.plan
 rm -rf gemma3-int4.plan; specdeploy quantize gemma3.plan --precision int4 -o gemma3-int4.plan | grep "top-1"
+# every family's attention as one kernel: Gemma 3's sliding, QK-normed layers fused vs op by op
+rm -rf gemma3-int4-ops.plan; specdeploy quantize gemma3.plan --precision int4 --attention ops -o gemma3-int4-ops.plan | grep "top-1"
+specdeploy bench gemma3-int4.plan --compare --also gemma3-int4-ops.plan --peers , --model models/gemma-3-270m-q4_k_m.gguf \
+    --repeats 3 --prompts-per-category 1 --no-plots -o docs/bench/gemma3-attention
+# packed weights on 2 MB pages (the default) vs 4 KB, each side its own process; load-order bias without / with
+python scripts/huge_pages_ab.py engine-int4.plan; python scripts/huge_pages_ab.py gemma3-int4.plan
+python scripts/huge_pages_ab.py engine-int4.plan --load-order 3 --small-pages; python scripts/huge_pages_ab.py engine-int4.plan --load-order 3
+[ -f int4-ops.plan/manifest.json ] || specdeploy quantize engine.plan --precision int4 --attention ops -o int4-ops.plan
+for i in 1 2 3; do   # with 2 MB pages: fused, op by op, --method ort, llama.cpp, ONNX Runtime GenAI int4
+    .venv-peers/bin/specdeploy bench engine-int4.plan --compare --also int4-ops.plan --also int4-ort.plan \
+        --peers llama.cpp,ortgenai-int4 --model "$model" --repeats 3 --prompts-per-category 1 --no-plots \
+        -o "docs/bench/int4-vs-llamacpp/huge-pages/$i"
+done
+.venv-peers/bin/specdeploy bench engine-int8.plan --compare --peers ortgenai-int8 --model "$model" --repeats 3 \
+    --prompts-per-category 1 --no-plots -o docs/bench/int8-vs-ortgenai/huge-pages
+specdeploy bench engine-int4.plan --greedy-only --prompts-per-category 4 --repeats 3 --no-plots -o docs/bench/int4-greedy/huge-pages
 for p in fp16 fp8; do
     rm -rf "cal-$p.plan"
     specdeploy quantize cal.plan --precision "$p" -o "cal-$p.plan" | grep "top-1 agreement"
