@@ -6,7 +6,6 @@ update the cache in place; outputs are written straight into preallocated numpy 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -152,7 +151,7 @@ def load_stages(bundle: Path, manifest: Manifest, provider: str | None = None, t
     providers = providers_for(provider)
     options = provider_options(provider, bundle) or None
     device = "cpu" if provider == "cpu" else "cuda"
-    before = anonymous_regions() if device == "cpu" and sys.platform.startswith("linux") else None
+    before = anonymous_regions() if device == "cpu" else None
     stages = {}
     for name, graph in manifest.graphs.items():
         path = Path(bundle) / graph.file

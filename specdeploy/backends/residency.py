@@ -18,8 +18,9 @@ pages of anonymous memory (transparent huge pages are usually `madvise`-only, an
 ONNX Runtime asks for them), so the walk through ~100+ MB costs a TLB miss every 4 KB. Once the
 sessions are built, `collapse_new` asks the kernel to back the memory their load mapped, where it
 is already (almost) all resident, with 2 MB pages (`MADV_COLLAPSE`, Linux >= 6.1; elsewhere
-nothing changes): the same bytes, resident memory unchanged, plain int4 decoding 6-11% faster on
-the example and Gemma 3 270M (docs/benchmarks.md). Sparse mappings (the KV buffers) are left alone.
+nothing changes): the same bytes, resident memory unchanged, plain int4 decoding 1.08-1.29x in
+four runs on the example and Gemma 3 270M (docs/benchmarks.md). Sparse mappings (the KV buffers,
+shared anonymous maps) are left alone.
 Pages of a file written moments ago stay dirty until written back and are not paged out (a bundle
 just quantized holds more until then); pages a kernel still reads (int8's MatMulNBits reads some of
 its mapped inputs every run) simply come back.
@@ -90,15 +91,19 @@ HUGE_PAGE = 2 << 20
 
 
 def anonymous_regions(smaps: str = "/proc/self/smaps") -> dict[tuple[int, int], int]:
-    """{(start, end): resident bytes} of every private anonymous mapping (the heap's included)."""
+    """{(start, end): resident bytes} of every private writable anonymous mapping (the heap's
+    included); {} off Linux."""
     regions, current = {}, None
+    if not sys.platform.startswith("linux"):
+        return regions
     with open(smaps) as lines:
         for line in lines:
             fields = line.split()
             if "-" in fields[0] and len(fields) >= 5 and ":" in fields[3]:  # a mapping's header line
                 named = len(fields) >= 6 and fields[5] != "[heap]"
                 start, end = (int(x, 16) for x in fields[0].split("-"))
-                current = None if named or not fields[1].startswith("rw") else (start, end)
+                private = fields[1].startswith("rw") and fields[1].endswith("p")
+                current = (start, end) if private and not named else None
             elif current is not None and fields[0] == "Rss:":
                 regions[current] = int(fields[1]) * 1024
     return regions

@@ -100,23 +100,33 @@ def _padded(layer: Layer, name: str) -> tuple[list, list]:
     return nodes, outputs
 
 
+def kernel_attributes(form: attention_match.KernelForm) -> dict:
+    """The kernel's attributes for `form` (the rewrite's node and the probe's alike)."""
+    attributes = {"num_heads": form.q_heads, "kv_num_heads": form.kv_heads, "do_rotary": int(form.rotary)}
+    if form.softcap:
+        attributes["softcap"] = form.softcap
+    if form.window:  # keys a row sees, its own included, as this ONNX Runtime counts them
+        attributes["local_window_size"] = form.window - attention_window.shift()
+    return attributes
+
+
+def _countable_window(form: attention_match.KernelForm) -> bool:
+    """No window, or one this ONNX Runtime's count can express (at least one key)."""
+    return not form.window or form.window - attention_window.shift() >= 1
+
+
 def _kernel_nodes(layer: Layer, caches: tuple, lengths: tuple) -> list:
     """Pad one zero row, GroupQueryAttention over the shared KV buffers, drop the padded row."""
     from onnx import helper
 
     name = layer.out + ".attention"
     past_k, past_v, present_k, present_v = layer.kv
-    form = layer.form
     pads, inputs = _padded(layer, name)
     inputs += [""] * (3 - len(inputs))
-    options = {"softcap": form.softcap} if form.softcap else {}
-    if form.window:  # keys a row sees, its own included, as this ONNX Runtime counts them
-        options["local_window_size"] = form.window - attention_window.shift()
     return [*pads,
             helper.make_node(OP, [*inputs, past_k, past_v, *lengths, *caches],
                              [name + ".out", present_k, present_v], name=name, domain=MS_DOMAIN,
-                             num_heads=form.q_heads, kv_num_heads=form.kv_heads, scale=layer.scale,
-                             do_rotary=int(form.rotary), **options),
+                             scale=layer.scale, **kernel_attributes(layer.form)),
             helper.make_node("Slice", [name + ".out", "attention.first", "attention.last", "attention.rows_axis"],
                              [layer.out], name=name + ".rows")]
 
@@ -145,7 +155,7 @@ def fuse_attention(model, max_context: int, kernel_ok=None) -> int:
     tables = _tables(model, {t for layer in found for t in layer.tables}, max_context + 1) if found else {}
     found = [layer for layer in found if all(t in tables and tables[t].shape[1] * 2 == layer.form.head_dim
                                              for t in layer.tables)
-             and layer.form.window - attention_window.shift() >= (1 if layer.form.window else 0)
+             and _countable_window(layer.form)
              and (kernel_ok is None or kernel_ok(layer.form))]
     if not found:
         return 0

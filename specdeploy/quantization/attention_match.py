@@ -140,7 +140,7 @@ def _window(g: _Graph, mask: str) -> int | None:
 
 
 def _head_reshape(g: _Graph, name: str, dim: int):
-    """The Reshape to [B, S, H, D] (D == dim) making `name`, if only its heads' Transpose reads it."""
+    """The Reshape to [B, S, H, D] (its last dimension a constant `dim`) making `name`, or None."""
     reshape = g.op(name, "Reshape")
     shape = reshape and g.value(reshape.input[1])
     concat = reshape and shape is None and g.op(reshape.input[1], "Concat")

@@ -15,8 +15,7 @@ import functools
 
 import numpy as np
 
-from ..backends import attention_window
-from .attention import OP
+from .attention import OP, kernel_attributes
 from .attention_match import KernelForm
 from .rewrites import MS_DOMAIN
 
@@ -29,12 +28,9 @@ def _probe_session(form: KernelForm, rows: int):
         [form.q_heads * form.head_dim] + [form.kv_heads * form.head_dim] * 2
     names = ["qkv"] if form.packed else ["q", "k", "v"]
     tables = ["cos", "sin"] if form.rotary else []
-    options = {"softcap": form.softcap} if form.softcap else {}
-    if form.window:
-        options["local_window_size"] = form.window - attention_window.shift()
     node = helper.make_node(OP, [*names, *[""] * (3 - len(names)), "past_key", "past_value", "seqlens_k", "total",
                                  *tables], ["out", "present_key", "present_value"], domain=MS_DOMAIN,
-                            num_heads=form.q_heads, kv_num_heads=form.kv_heads, do_rotary=int(form.rotary), **options)
+                            **kernel_attributes(form))
     kv = [1, form.kv_heads, rows, form.head_dim]
     graph = helper.make_graph([node], "probe", [
         *(helper.make_tensor_value_info(n, T.FLOAT, [1, "S", w]) for n, w in zip(names, widths)),
