@@ -5,6 +5,7 @@ update the cache in place; outputs are written straight into preallocated numpy 
 """
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -21,10 +22,39 @@ from .residency import anonymous_regions, collapse_new, page_out, trim_heap, zer
 
 EXECUTION_PROVIDERS = dict(zip(PROVIDERS, ("CPUExecutionProvider", "CUDAExecutionProvider",
                                            "TensorrtExecutionProvider")))
+ARENAS = ("shared", "session", "none")  # one CPU arena for all sessions / one per session / malloc
+CPU_ARENA = "shared"
+SHRINK_AFTER_ROWS = 64  # more rows than any verify pass (MAX_DRAFT_TOKENS + 1): a prompt's prefill
+
+
+@functools.lru_cache(maxsize=1)
+def register_shared_arena() -> None:
+    """One CPU arena for every session of this process that asks for it (`session.use_env_allocators`).
+
+    Without an arena, glibc serves ONNX Runtime's per-run buffers, and where they land (heap or
+    mmap, which thread's arena) varies run to run: the example's int4 peak was 237 or 245 MB
+    between identical runs and a 1,900-token prompt peaked at 726 MB. One arena shared by the
+    draft, verify and head sessions reuses one set of chunks: 233 MB every run, 453 MB for that
+    prompt, and decoding as fast (scripts/arena_ab.py, docs/benchmarks.md).
+    """
+    info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+    try:
+        ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, 0, -1, -1))  # unbounded, next-power-of-two growth
+    except Exception:  # the host application registered one first: its arena serves our sessions
+        pass
+
+
+@functools.lru_cache(maxsize=1)
+def shrink_run() -> ort.RunOptions:
+    """Run options that hand the arena's free chunks back after the run: a long prompt's prefill
+    needs buffers (attention scores over every row) that decoding never reuses."""
+    options = ort.RunOptions()
+    options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+    return options
 
 
 def session_options(threads: int | None = None, log_severity: int = 3,
-                    fold_dequantize: bool = False) -> ort.SessionOptions:
+                    fold_dequantize: bool = False, arena: str | None = None) -> ort.SessionOptions:
     """Small-batch decode: one pool per session sized to the cores, spinning only inside a run.
 
     A decode pass is hundreds of small ops; a pool that sleeps between them pays a thread wake-up
@@ -34,11 +64,17 @@ def session_options(threads: int | None = None, log_severity: int = 3,
     `fold_dequantize` (weight-only fp8 graphs): dequantize the weights once at load instead of
     letting ONNX Runtime fuse them into kernels that quantize activations per call, whose results
     depend on how many rows a call carries and so break greedy identity with plain decoding.
-    No CPU arena: it kept 12 MB of the int4 example's peak that malloc serves as fast here (plain
-    and speculative tokens/s within 1.3%, fp32 and int4: scripts/arena_ab.py, docs/benchmarks.md).
+    `arena` (default `CPU_ARENA`): see `register_shared_arena`; "session" and "none" are kept for
+    scripts/arena_ab.py to measure against.
     """
+    arena = arena or CPU_ARENA
+    if arena not in ARENAS:
+        raise ConfigError(f"unknown CPU arena '{arena}'; pick one of {', '.join(ARENAS)}")
     so = ort.SessionOptions()
-    so.enable_cpu_mem_arena = False
+    so.enable_cpu_mem_arena = arena != "none"
+    if arena == "shared":
+        register_shared_arena()
+        so.add_session_config_entry("session.use_env_allocators", "1")
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.intra_op_num_threads = threads or max(1, os.cpu_count() or 1)
@@ -75,6 +111,7 @@ class OrtStage:
         outs = [o for o in session.get_outputs() if o.name not in io_names.kv_aliases(graph.layers)]
         dtype = np.float16 if outs and outs[0].type == "tensor(float16)" else np.float32
         self.buffers = OutputBuffers({o.name: int(o.shape[-1]) for o in outs}, rows=8, dtype=dtype)
+        self.shrink = shrink_run() if session.get_session_options().enable_cpu_mem_arena else None
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         rows = 0
@@ -85,7 +122,7 @@ class OrtStage:
         for name, view in views.items():
             self.binding.bind_output(name, "cpu", 0, view.dtype, view.shape, view.ctypes.data)
         try:
-            self.session.run_with_iobinding(self.binding)
+            self.session.run_with_iobinding(self.binding, self.shrink if rows > SHRINK_AFTER_ROWS else None)
         except Exception as exc:  # ORT raises its own exception types
             raise BackendError(f"{self.name} graph failed in ONNX Runtime: {exc}") from exc
         return views
