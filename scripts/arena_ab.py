@@ -1,56 +1,104 @@
-"""ONNX Runtime's CPU arena on vs off (the runtime's default), tokens/s interleaved in one run.
+"""ONNX Runtime's CPU memory: one arena shared by the sessions (the runtime's default) vs an arena per
+session vs none (glibc malloc); tokens/s and peak memory, alternated in one run.
 
-Usage: python scripts/arena_ab.py BUNDLE [--repeats 3] [--max-tokens 64]
-Two engines over BUNDLE, one with the arena back on; each prompt (one per bench category, chat
-template, 64 tokens, EOS ignored; prompts cut to fit the bundle's context) runs plain and speculative on both, alternating which goes first.
+Usage: python scripts/arena_ab.py BUNDLE [--repeats 3] [--max-tokens 64] [--long-prompt TOKENS]
+Each side runs in a process of its own (the shared arena belongs to the process, and two engines of
+one process share its heap), the sides rotating order every repeat; each process decodes one
+prompt per bench category (chat template when the bundle has one, EOS ignored) plain and
+speculative, then, with --long-prompt, one prompt of that many tokens plain. Prints each side's
+median tokens/s with its ratio to the default, the peak resident memory after the category
+prompts (the spread over repeats: without an arena it moves between identical runs), and the
+long prompt's peak and what stays resident after it.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import resource
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+import numpy as np
 
-def main() -> None:
+SIDES = ("shared", "session", "none")
+LABELS = {"shared": "shared arena (default)", "session": "arena per session", "none": "no arena (malloc)"}
+
+
+def _rss_mb() -> float:
+    fields = dict(line.split(":", 1) for line in open("/proc/self/status"))
+    return int(fields["VmRSS"].split()[0]) / 1024
+
+
+def _side(bundle: Path, side: str, max_tokens: int, long_prompt: int) -> None:
+    """One process's measurement, as JSON on stdout."""
     from specdeploy.backends import onnxruntime as backend
     from specdeploy.config import GenerationConfig
     from specdeploy.prompts import BENCH_PROMPTS
     from specdeploy.runtime.engine import Engine
 
+    backend.CPU_ARENA = side
+    out = {}
+    with Engine(bundle) as engine:
+        chat = engine.tokenizer.chat_template is not None
+        encode = lambda text: engine.encode_prompt([{"role": "user", "content": text}] if chat else text)  # noqa: E731
+        prompts = [encode(ps[0])[: engine.manifest.max_context - max_tokens] for ps in BENCH_PROMPTS.values()]
+        for mode, speculative in (("plain", False), ("speculative", None)):
+            config = GenerationConfig(max_new_tokens=max_tokens, speculative=speculative, ignore_eos=True)
+            engine.generate_ids(prompts[0], config)  # warm
+            began, tokens = time.perf_counter(), 0
+            for ids in prompts:
+                tokens += len(engine.generate_ids(ids, config))
+            out[mode] = tokens / (time.perf_counter() - began)
+        out["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        if long_prompt:
+            text = " ".join(p for ps in BENCH_PROMPTS.values() for p in ps)
+            ids = encode(text * (1 + long_prompt // max(1, len(encode(text)))))[:long_prompt]
+            engine.generate_ids(ids, GenerationConfig(max_new_tokens=max_tokens, speculative=False))
+            out["long_peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            out["long_after_mb"] = _rss_mb()
+    print(json.dumps(out))
+
+
+def _report(runs: dict, long_prompt: int) -> None:
+    for mode in ("plain", "speculative"):
+        rates = {side: float(np.median([r[mode] for r in runs[side]])) for side in SIDES}
+        print(f"{mode:12s} " + "  ".join(f"{LABELS[s]}: {rates[s]:6.1f} tok/s ({rates[s] / rates['shared']:.3f}x)"
+                                         for s in SIDES))
+    for key, label in (("peak_mb", "peak memory"), ("long_peak_mb", f"{long_prompt}-token prompt peak"),
+                       ("long_after_mb", "resident after it")):
+        if key in runs[SIDES[0]][0]:
+            print(f"{label:12s} " + "  ".join(
+                f"{LABELS[s]}: {min(r[key] for r in runs[s]):6.1f}-{max(r[key] for r in runs[s]):6.1f} MB"
+                for s in SIDES))
+
+
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bundle", type=Path)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--long-prompt", type=int, default=0, metavar="TOKENS")
+    parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    default_options = backend.session_options
+    if args.side:
+        return _side(args.bundle, args.side, args.max_tokens, args.long_prompt)
+    from specdeploy.bundle import manifest as manifest_io
+    from specdeploy.errors import ConfigError
 
-    def with_arena(*a, **k):
-        options = default_options(*a, **k)
-        options.enable_cpu_mem_arena = True
-        return options
-
-    engines = {"no arena (default)": Engine(args.bundle)}
-    backend.session_options = with_arena
-    engines["arena"] = Engine(args.bundle)
-    backend.session_options = default_options
-    modes = {"plain": False, "speculative": True}
-    totals = {(e, m): [0, 0.0] for e in engines for m in modes}
+    manifest = manifest_io.read(args.bundle)  # a missing or bad bundle: one line, before any process starts
+    if args.long_prompt + args.max_tokens > manifest.max_context:
+        raise ConfigError(f"--long-prompt {args.long_prompt} leaves no room for {args.max_tokens} new "
+                         f"tokens in this bundle's {manifest.max_context}-token context; lower it")
+    runs = {side: [] for side in SIDES}
     for repeat in range(args.repeats):
-        for prompts in BENCH_PROMPTS.values():
-            order = list(engines.items())[:: 1 if repeat % 2 == 0 else -1]
-            for label, engine in order:
-                ids = engine.encode_prompt([{"role": "user", "content": prompts[0]}])
-                ids = ids[: engine.manifest.max_context - args.max_tokens]
-                for mode, speculative in modes.items():
-                    config = GenerationConfig(max_new_tokens=args.max_tokens, speculative=speculative, ignore_eos=True)
-                    began = time.perf_counter()
-                    tokens = engine.generate_ids(ids, config)
-                    totals[label, mode][0] += len(tokens)
-                    totals[label, mode][1] += time.perf_counter() - began
-    for mode in modes:
-        rates = {label: totals[label, mode][0] / totals[label, mode][1] for label in engines}
-        base = rates["no arena (default)"]
-        print(f"{mode:12s} " + "  ".join(f"{label}: {rate:6.1f} tok/s ({rate / base:.3f}x)" for label, rate in rates.items()))
+        for side in SIDES[repeat % len(SIDES):] + SIDES[: repeat % len(SIDES)]:
+            out = subprocess.run([sys.executable, __file__, str(args.bundle), "--side", side, "--max-tokens",
+                                  str(args.max_tokens), "--long-prompt", str(args.long_prompt)],
+                                 capture_output=True, text=True, check=True)
+            runs[side].append(json.loads(out.stdout.splitlines()[-1]))
+    _report(runs, args.long_prompt)
 
 
 if __name__ == "__main__":

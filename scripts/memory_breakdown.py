@@ -1,11 +1,11 @@
 """Where a bundle's resident memory goes: RSS (anonymous / file-backed) after each loading step.
 
-Usage: python scripts/memory_breakdown.py BUNDLE [--arena] [--keep]
+Usage: python scripts/memory_breakdown.py BUNDLE [--arena shared|session|none] [--keep]
 Prints MB after the imports, the tokenizer, each ONNX Runtime session and its KV buffers, the
 weight-file pages handed back (as the runtime does once its sessions are built), and the memory
 bench's two prompts (64 tokens, speculative). The steps are the runtime's own (load_stages); --arena
-turns ONNX Runtime's CPU arena back on, --keep skips the heap trim and the page-out, to measure
-what each saves.
+picks ONNX Runtime's CPU memory (default: one arena the sessions share, as the runtime does),
+--keep skips the heap trim and the page-out, to measure what each saves.
 Linux only (reads /proc/self/status).
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ def rss() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bundle", type=Path)
-    parser.add_argument("--arena", action="store_true")
+    parser.add_argument("--arena", choices=("shared", "session", "none"), default="shared")
     parser.add_argument("--keep", action="store_true")
     args = parser.parse_args()
     print(f"{'start':24s} {rss()}")
@@ -46,8 +46,7 @@ def main() -> None:
     print(f"{'tokenizer':24s} {rss()}")
     stages = {}
     for name, graph in m.graphs.items():
-        options = backend.session_options()
-        options.enable_cpu_mem_arena = args.arena
+        options = backend.session_options(arena=args.arena)
         session = onnxruntime.InferenceSession(str(args.bundle / graph.file), options,
                                                providers=["CPUExecutionProvider"])
         if not args.keep:

@@ -75,17 +75,24 @@ def test_outlier_channels_lists_the_inputs_quantize_would_split(tiny_bundle):
     assert ratios == sorted(ratios, reverse=True) and ratios[-1] >= 1.0
 
 
-def test_arena_ab_times_both_modes_on_both_engines(tiny_bundle):
+def test_arena_ab_times_and_measures_every_side(tiny_bundle):
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "arena_ab.py"), str(tiny_bundle), "--repeats", "1",
-                          "--max-tokens", "8"],
-                         capture_output=True, text=True, timeout=300)
+    from specdeploy.bundle import manifest as manifest_io
+
+    context = manifest_io.read(tiny_bundle).max_context
+    script = [sys.executable, str(ROOT / "scripts" / "arena_ab.py"), str(tiny_bundle), "--repeats", "1",
+              "--max-tokens", "8"]
+    out = subprocess.run(script + ["--long-prompt", str(context - 8)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert [line.split()[0] for line in lines] == ["plain", "speculative"]
-    assert all("no arena (default)" in line and "(1.000x)" in line and "arena:" in line for line in lines)
+    assert [line.split()[0] for line in lines] == ["plain", "speculative", "peak", f"{context - 8}-token", "resident"]
+    assert all("shared arena (default)" in line and "arena per session" in line and "no arena (malloc)" in line
+               for line in lines)
+    assert all("(1.000x)" in line for line in lines[:2]) and all(line.endswith(" MB") for line in lines[2:])
+    out = subprocess.run(script + ["--long-prompt", str(context)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1 and out.stderr.startswith("error: --long-prompt") and "lower it" in out.stderr
 
 
 def test_huge_pages_ab_times_both_modes_on_both_sides(tiny_bundle):
