@@ -40,7 +40,8 @@ specdeploy quantize engine.plan --precision int4 --float-outliers -o int4-fo.pla
     --prompts-per-category 1 --no-plots -o docs/bench/float-outliers
 python scripts/quality_compare.py engine.plan engine-int8.plan int8-nofloat.plan engine-int4.plan int4-fo.plan
 python scripts/outlier_channels.py engine.plan --top 30                    # the channels and their ratios
-python scripts/arena_ab.py engine-int4.plan; python scripts/arena_ab.py engine.plan --repeats 2   # arena off costs nothing
+python scripts/arena_ab.py engine-int4.plan --repeats 6; python scripts/arena_ab.py engine.plan --repeats 2   # one shared arena: as fast, a steadier, lower peak
+python scripts/arena_ab.py engine-int4.plan --long-prompt 1900   # a long prompt's peak with and without the arena
 python scripts/copy_length_ab.py engine-int4.plan --prompts-per-category 4 --repeats 3   # priced copies vs copy all
 python scripts/copy_length_ab.py engine.plan                                             # the same on fp32
 python scripts/round_overhead.py engine-int4.plan --category qa                  # the drafter's choices between passes
@@ -64,7 +65,7 @@ python scripts/quality_compare.py engine.plan engine-int4.plan int4-before-atten
 sync   # pages just written stay dirty, and a dirty page is not paged out
 for b in engine-int4.plan int4-ort.plan engine.plan engine-int8.plan int8-nofloat.plan; do python scripts/memory_breakdown.py "$b"; done
 python scripts/memory_breakdown.py engine.plan --keep   # what the heap trim returns
-for b in engine-int4.plan engine.plan; do python scripts/memory_breakdown.py "$b" --keep --arena; done   # none of it
+for b in engine-int4.plan engine.plan; do python scripts/memory_breakdown.py "$b" --keep --arena session; done   # none of it (ONNX Runtime's defaults)
 # what fusing and blocks of 32 each gave int4 (on the re-rounded form), and the quality of each form
 for v in "u16 --int4-block 16 --no-fuse" "f16 --int4-block 16" "u32 --int4-block 32 --no-fuse"; do
     set -- $v; name=$1; shift
@@ -97,6 +98,17 @@ done
 .venv-peers/bin/specdeploy bench engine-int8.plan --compare --peers ortgenai-int8 --model "$model" --repeats 3 \
     --prompts-per-category 1 --no-plots -o docs/bench/int8-vs-ortgenai/huge-pages
 specdeploy bench engine-int4.plan --greedy-only --prompts-per-category 4 --repeats 3 --no-plots -o docs/bench/int4-greedy/huge-pages
+# the sessions on one shared CPU arena (the default since): memory per mode, the peers five times, int8, per category twice
+python -c "from specdeploy.bench import memory; [print(memory.compare(b)) for b in ('engine-int4.plan', 'engine.plan')]"
+for i in 1 2 3 4 5; do
+    .venv-peers/bin/specdeploy bench engine-int4.plan --compare --also int4-ort.plan --peers llama.cpp,ortgenai-int4 \
+        --model "$model" --repeats 3 --prompts-per-category 1 --no-plots -o "docs/bench/int4-vs-llamacpp/arena/$i"
+done
+.venv-peers/bin/specdeploy bench engine-int8.plan --compare --peers ortgenai-int8 --model "$model" --repeats 3 \
+    --prompts-per-category 1 --no-plots -o docs/bench/int8-vs-ortgenai/arena
+for i in 1 2; do
+    specdeploy bench engine-int4.plan --greedy-only --prompts-per-category 4 --repeats 3 --no-plots -o "docs/bench/int4-greedy/arena/$i"
+done
 for p in fp16 fp8; do
     rm -rf "cal-$p.plan"
     specdeploy quantize cal.plan --precision "$p" -o "cal-$p.plan" | grep "top-1 agreement"
