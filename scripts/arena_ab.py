@@ -17,7 +17,6 @@ import json
 import resource
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -34,27 +33,18 @@ def _rss_mb() -> float:
 def _side(bundle: Path, side: str, max_tokens: int, long_prompt: int) -> None:
     """One process's measurement, as JSON on stdout."""
     from specdeploy.backends import onnxruntime as backend
+    from specdeploy.bench.sides import category_prompts, encode, mode_rates
     from specdeploy.config import GenerationConfig
     from specdeploy.prompts import BENCH_PROMPTS
     from specdeploy.runtime.engine import Engine
 
     backend.CPU_ARENA = side
-    out = {}
     with Engine(bundle) as engine:
-        chat = engine.tokenizer.chat_template is not None
-        encode = lambda text: engine.encode_prompt([{"role": "user", "content": text}] if chat else text)  # noqa: E731
-        prompts = [encode(ps[0])[: engine.manifest.max_context - max_tokens] for ps in BENCH_PROMPTS.values()]
-        for mode, speculative in (("plain", False), ("speculative", None)):
-            config = GenerationConfig(max_new_tokens=max_tokens, speculative=speculative, ignore_eos=True)
-            engine.generate_ids(prompts[0], config)  # warm
-            began, tokens = time.perf_counter(), 0
-            for ids in prompts:
-                tokens += len(engine.generate_ids(ids, config))
-            out[mode] = tokens / (time.perf_counter() - began)
+        out = mode_rates(engine, category_prompts(engine, max_tokens), max_tokens)
         out["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         if long_prompt:
             text = " ".join(p for ps in BENCH_PROMPTS.values() for p in ps)
-            ids = encode(text * (1 + long_prompt // max(1, len(encode(text)))))[:long_prompt]
+            ids = encode(engine, text * (1 + long_prompt // max(1, len(encode(engine, text)))))[:long_prompt]
             engine.generate_ids(ids, GenerationConfig(max_new_tokens=max_tokens, speculative=False))
             out["long_peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             out["long_after_mb"] = _rss_mb()

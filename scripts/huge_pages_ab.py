@@ -28,40 +28,27 @@ SIDES = ("huge", "4 KB")
 def _side(bundle: Path, side: str, max_tokens: int) -> None:
     """One process's measurement: tokens/s of each mode, as JSON on stdout."""
     from specdeploy.backends import onnxruntime as backend
-    from specdeploy.config import GenerationConfig
-    from specdeploy.prompts import BENCH_PROMPTS
+    from specdeploy.bench.sides import category_prompts, mode_rates
     from specdeploy.runtime.engine import Engine
 
     if side != "huge":
         backend.collapse_new = lambda before: 0
-    rates = {}
     with Engine(bundle) as engine:
-        chat = engine.tokenizer.chat_template is not None
-        prompts = [engine.encode_prompt([{"role": "user", "content": ps[0]}] if chat else ps[0])
-                   [: engine.manifest.max_context - max_tokens] for ps in BENCH_PROMPTS.values()]
-        for mode, speculative in (("plain", False), ("speculative", None)):
-            config = GenerationConfig(max_new_tokens=max_tokens, speculative=speculative, ignore_eos=True)
-            engine.generate_ids(prompts[0], config)  # warm
-            began, tokens = time.perf_counter(), 0
-            for ids in prompts:
-                tokens += len(engine.generate_ids(ids, config))
-            rates[mode] = tokens / (time.perf_counter() - began)
+        rates = mode_rates(engine, category_prompts(engine, max_tokens), max_tokens)
     rates["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps(rates))
 
 
 def _load_order(bundle: Path, count: int, small_pages: bool, repeats: int, max_tokens: int) -> None:
     from specdeploy.backends import onnxruntime as backend
+    from specdeploy.bench.sides import category_prompts
     from specdeploy.config import GenerationConfig
-    from specdeploy.prompts import BENCH_PROMPTS
     from specdeploy.runtime.engine import Engine
 
     if small_pages:
         backend.collapse_new = lambda before: 0
     engines = [Engine(bundle) for _ in range(count)]
-    chat = engines[0].tokenizer.chat_template is not None
-    prompts = [engines[0].encode_prompt([{"role": "user", "content": ps[0]}] if chat else ps[0])
-               [: engines[0].manifest.max_context - max_tokens] for ps in BENCH_PROMPTS.values()]
+    prompts = category_prompts(engines[0], max_tokens)
     config = GenerationConfig(max_new_tokens=max_tokens, speculative=False, ignore_eos=True)
     seconds = [0.0] * count
     for repeat in range(repeats):

@@ -12,6 +12,7 @@ import sys
 from ..config import GenerationConfig
 from ..runtime.engine import Engine
 from ..prompts import BENCH_PROMPTS
+from .sides import encode
 
 
 def _peak_mb() -> float:
@@ -21,11 +22,8 @@ def _peak_mb() -> float:
 def measure_here(bundle: str, mode: str, max_new_tokens: int) -> dict:
     with Engine(bundle) as engine:
         loaded = _peak_mb()
-        chat = engine.tokenizer.chat_template is not None
         for category in ("chat", "summarisation"):
-            prompt = BENCH_PROMPTS[category][0]
-            ids = engine.encode_prompt([{"role": "user", "content": prompt}] if chat else prompt)
-            ids = ids[: engine.manifest.max_context - max_new_tokens]
+            ids = encode(engine, BENCH_PROMPTS[category][0])[: engine.manifest.max_context - max_new_tokens]
             engine.generate_ids(ids, GenerationConfig(max_new_tokens=max_new_tokens,
                                                       speculative=mode == "speculative",
                                                       draft_source="hybrid"))

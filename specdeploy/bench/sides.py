@@ -1,0 +1,38 @@
+"""One side of a scripts/*_ab.py comparison: one prompt per bench category, decoded plain and
+speculative, tokens/s of each.
+
+A side runs in a process of its own: huge pages, arenas and the heap belong to a process, and two
+engines of one process are not equal (the later-loaded one's memory walked cheaper on 4 KB pages).
+"""
+from __future__ import annotations
+
+import time
+
+from ..config import GenerationConfig
+from ..prompts import BENCH_PROMPTS
+
+
+def encode(engine, text: str) -> list[int]:
+    """Prompt ids: the chat template when the bundle has one, the text itself for a base model."""
+    chat = engine.tokenizer.chat_template is not None
+    return engine.encode_prompt([{"role": "user", "content": text}] if chat else text)
+
+
+def category_prompts(engine, max_tokens: int) -> list[list[int]]:
+    """The first prompt of every bench category, cut to leave room for `max_tokens`."""
+    room = engine.manifest.max_context - max_tokens
+    return [encode(engine, prompts[0])[:room] for prompts in BENCH_PROMPTS.values()]
+
+
+def mode_rates(engine, prompts: list[list[int]], max_tokens: int) -> dict[str, float]:
+    """Tokens/s of plain and of speculative (the bundle's default) decoding, EOS ignored; each
+    mode's first prompt is decoded once untimed first."""
+    rates = {}
+    for mode, speculative in (("plain", False), ("speculative", None)):
+        config = GenerationConfig(max_new_tokens=max_tokens, speculative=speculative, ignore_eos=True)
+        engine.generate_ids(prompts[0], config)  # warm
+        began, tokens = time.perf_counter(), 0
+        for ids in prompts:
+            tokens += len(engine.generate_ids(ids, config))
+        rates[mode] = tokens / (time.perf_counter() - began)
+    return rates
