@@ -98,7 +98,7 @@ done
 .venv-peers/bin/specdeploy bench engine-int8.plan --compare --peers ortgenai-int8 --model "$model" --repeats 3 \
     --prompts-per-category 1 --no-plots -o docs/bench/int8-vs-ortgenai/huge-pages
 specdeploy bench engine-int4.plan --greedy-only --prompts-per-category 4 --repeats 3 --no-plots -o docs/bench/int4-greedy/huge-pages
-# the sessions on one shared CPU arena (the default since): memory per mode, the peers five times, int8, per category twice
+# the sessions on one shared CPU arena (the default since): memory per mode, the peers five times, int8, per category four times
 python -c "from specdeploy.bench import memory; [print(memory.compare(b)) for b in ('engine-int4.plan', 'engine.plan')]"
 for i in 1 2 3 4 5; do
     .venv-peers/bin/specdeploy bench engine-int4.plan --compare --also int4-ort.plan --peers llama.cpp,ortgenai-int4 \
@@ -106,7 +106,7 @@ for i in 1 2 3 4 5; do
 done
 .venv-peers/bin/specdeploy bench engine-int8.plan --compare --peers ortgenai-int8 --model "$model" --repeats 3 \
     --prompts-per-category 1 --no-plots -o docs/bench/int8-vs-ortgenai/arena
-for i in 1 2; do
+for i in 1 2 3 4; do   # runs 3 and 4: after the copy-length prior (runtime/copy_length.py)
     specdeploy bench engine-int4.plan --greedy-only --prompts-per-category 4 --repeats 3 --no-plots -o "docs/bench/int4-greedy/arena/$i"
 done
 for p in fp16 fp8; do

@@ -54,7 +54,7 @@ class RowCosts:
 class CopyAcceptance:
     """Decayed counts of the j-th copied token accepted after its predecessors, per match length."""
 
-    PRIOR = (1.0, 2.0)  # one acceptance in two tries: an unseen position starts at a coin flip
+    PRIOR = (1.0, 2.0)  # one acceptance in two tries: an unseen first copy starts at a coin flip
 
     def __init__(self, decay: float = 0.98):
         self.decay = decay
@@ -78,9 +78,14 @@ class CopyAcceptance:
         A position this match length has rarely reached borrows what every match length shows
         there: once a copy has been accepted, the next copied token usually is too (copied text
         goes on), and a coin-flip prior would keep long matches copying one token at a time.
+        Where no match length has reached a later position yet, it starts from what first copies
+        show: with a coin flip there, a passage repeated verbatim (every copy accepted) kept
+        copying one token a round when one slow round had made a second copy look dear, since
+        no second copy was ever tried to prove the flip wrong.
         """
         hits, tries = self.PRIOR
-        later = (self.accepted[:, 1:].sum() + hits) / (self.tried[:, 1:].sum() + tries)
+        first = (self.accepted[:, 0].sum() + hits) / (self.tried[:, 0].sum() + tries)
+        later = (self.accepted[:, 1:].sum() + first * tries) / (self.tried[:, 1:].sum() + tries)
         prior = np.full(available, later * tries)  # [available] prior hits per position
         prior[:1] = hits
         keep = (self.accepted[:, :available] + prior) / (self.tried[:, :available] + tries)  # [n, d]
@@ -95,8 +100,8 @@ class CopyLength:
     observed rounds rather than at every match: the measurements move a little each round, and
     pricing them at every match cost more than a percent of a step on the CPU (cold caches after
     each pass make a hundred small numpy calls slow), which lost what the copies won on text
-    that rarely repeats. Young measurements move a lot, so the first prices are redone after 1, 2,
-    4, ... 32 observed rounds too: the first table rests on the acceptance prior's coin flip, and
+    that rarely repeats. Young measurements move a lot, so the prices are redone after each of the
+    first YOUNG observed rounds and after 16 and 32: the first table rests on the acceptance prior, and
     kept for 64 rounds it copied at nearly every match of the example's QA prompts
     (`scripts/round_overhead.py engine-int4.plan`: 56 rejected copies in 239 rounds; 21 in 249
     re-priced early).
@@ -105,6 +110,7 @@ class CopyLength:
     MARGIN = 0.05        # a copy must beat a plain step by this much: the plain step is the safer choice
     EXPLORE_EVERY = 32   # every so many matches, copy one token more than pays, to keep learning
     REFRESH = 64         # observed rounds between re-pricings of the table
+    YOUNG = 8            # re-priced after every one of the first observed rounds
 
     def __init__(self):
         self.costs, self.acceptance, self.choices = RowCosts(), CopyAcceptance(), 0
@@ -117,7 +123,7 @@ class CopyLength:
         if match and drafted:
             self.acceptance.add(match, drafted, accepted)
         self.observed += 1
-        young = self.observed & (self.observed - 1) == 0  # 1, 2, 4, ... 32: the counts are few
+        young = self.observed <= self.YOUNG or self.observed in (16, 32)  # the counts are few
         if young or self.observed % self.REFRESH == 0:
             self.table = None
 

@@ -36,7 +36,9 @@ def test_acceptance_counts_each_position_given_its_predecessors():
     assert expected[0] == 1.0 and np.isclose(expected[1], 1.99, atol=0.01)
     assert np.isclose(expected[2], expected[1], atol=0.02)  # the second copy adds nothing
     # an unseen match length: a coin flip for the first copy, the pooled later positions after it
-    assert np.allclose(acceptance.expected_tokens(2, 2), [1.0, 1.5, 1.5 + 0.5 / 100])
+    # (0 of 98 kept, after a prior of two tries at the first copies' rate, 99 / 100)
+    later = 2 * (99 / 100) / (98 + 2)
+    assert np.allclose(acceptance.expected_tokens(2, 2), [1.0, 1.5, 1.5 + 0.5 * later])
 
 
 def test_rarely_reached_positions_borrow_what_other_match_lengths_show():
@@ -46,6 +48,19 @@ def test_rarely_reached_positions_borrow_what_other_match_lengths_show():
     acceptance.add(8, drafted=1, accepted=1)
     expected = acceptance.expected_tokens(8, 4)
     assert expected[4] - expected[3] > 0.5  # the 4th copy after a long match is expected to be kept
+
+
+def test_a_passage_accepted_copy_by_copy_is_soon_copied_in_long_runs():
+    """A verbatim repeat: every copy accepted. One slow 2-row round (a noisy machine) made a second
+    copy look unprofitable on a coin-flip guess, and with no second copy tried the guess stayed:
+    one or two tokens a round for most of a short passage (the example model's 2.1 a round)."""
+    policy, chosen = CopyLength(), []
+    for i, (match, offered) in enumerate([(0, 0), (1, 1)] + [(8, 8)] * 8):
+        d = policy.choose(match, offered) if match else 0
+        chosen.append(d)
+        slow = 0.016 if i == 1 else 0.0
+        policy.observe(d + 1, match if d else 0, d, d, 0.060 + 0.004 * d + slow)
+    assert chosen[1] == 1 and max(chosen[2:6]) >= 4, chosen
 
 
 def _geometric(p: float):
