@@ -32,9 +32,9 @@ def register_shared_arena() -> None:
     """One CPU arena for every session of this process that asks for it (`session.use_env_allocators`).
 
     Without an arena, glibc serves ONNX Runtime's per-run buffers, and where they land (heap or
-    mmap, which thread's arena) varies run to run: the example's int4 peak was 237 or 245 MB
-    between identical runs and a 1,900-token prompt peaked at 726 MB. One arena shared by the
-    draft, verify and head sessions reuses one set of chunks: 233 MB every run, 453 MB for that
+    a fresh mapping) varies run to run: the example's int4 peak was 237 or 245 MB between
+    identical runs and a 1,900-token prompt peaked at 724-728 MB. One arena shared by the draft,
+    verify and head sessions reuses one set of chunks: 236 MB every run, 463-467 MB for that
     prompt, and decoding as fast (scripts/arena_ab.py, docs/benchmarks.md).
     """
     info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
