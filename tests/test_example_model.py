@@ -26,18 +26,22 @@ def test_greedy_speculative_equals_plain_on_example_model(example_engine, source
         assert spec == plain
 
 
-def test_repeated_passage_is_accepted_in_long_rounds(example_bundle):
-    """A fresh engine: the copy length is priced from what the engine has measured, and the other
-    tests' rounds on a shared one (other text, other acceptance) would set this one's lengths."""
+def test_repeated_passage_is_accepted_in_long_rounds(example_engine, monkeypatch):
+    """The real model takes a repeated passage's copies: copying all a match offers, most are
+    accepted in long rounds, and greedy output equals plain copying all and as priced. The priced
+    length follows timings measured as the engine runs (a loaded machine makes rows look dear),
+    so its choices are tested on replayed rounds (tests/runtime/test_copy_length.py), not timed here."""
     passage = "The quick brown fox jumps over the lazy dog while the cat sleeps on the warm mat."
     prompt = [{"role": "user", "content": f"Repeat this sentence exactly: {passage} {passage}"}]
+    ids = example_engine.encode_prompt(prompt)
+    config = GenerationConfig(max_new_tokens=40, draft_source="lookup", num_draft_tokens=8)
+    plain = example_engine.generate_ids(ids, GenerationConfig(max_new_tokens=40, speculative=False))
+    priced = example_engine.generate_ids(ids, config)
+    length = example_engine.decoder.drafters["lookup"].length
+    monkeypatch.setattr(length, "choose", lambda match, offered: offered)  # copy all a match offers
     stats = GenerationStats()
-    with Engine(example_bundle) as engine:
-        ids = engine.encode_prompt(prompt)
-        spec = engine.generate_ids(ids, GenerationConfig(max_new_tokens=40, draft_source="lookup",
-                                                         num_draft_tokens=8), stats)
-        plain = engine.generate_ids(ids, GenerationConfig(max_new_tokens=40, speculative=False))
-    assert spec == plain
+    copied = example_engine.generate_ids(ids, config, stats)
+    assert priced == plain and copied == plain
     assert stats.acceptance_rate > 0.6 and stats.tokens_per_round > 2.5
 
 
