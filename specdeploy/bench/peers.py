@@ -21,6 +21,7 @@ from .. import prompts as prompt_sets
 from ..bundle import manifest as manifest_io
 from ..errors import ConfigError
 from . import peer_runners as runners
+from .sides import encode
 
 ALL_PEERS = ("ortgenai-fp32", "ortgenai-int8", "ortgenai-int4", "llama.cpp", "optimum", "hf")
 
@@ -84,9 +85,7 @@ def _prompt_ids(bundle: Path, per_category: int) -> tuple[list[str], list[list[i
 
     with Engine(bundle) as engine:
         chosen = [(c, p) for c, ps in prompt_sets.BENCH_PROMPTS.items() for p in ps[:per_category]]
-        chat = engine.tokenizer.chat_template is not None  # a base model (no template) gets the text itself
-        return [c for c, _ in chosen], [engine.encode_prompt([{"role": "user", "content": p}] if chat else p)
-                                        for _, p in chosen]
+        return [c for c, _ in chosen], [encode(engine, p) for _, p in chosen]
 
 
 def _agreement(outputs: list[list[int]], reference: list[list[int]]) -> dict:
