@@ -9,6 +9,7 @@ Exporting needs the export extra: `from specdeploy.export import ExportConfig, e
 from __future__ import annotations
 
 from .config import GenerationConfig
+from .constants import DEFAULT_PREFILL_CHUNK
 from .constants import VERSION as __version__
 from .errors import (BackendError, BundleError, ConfigError, ContextLengthError,
                      MissingDependencyError, ModelSourceError, RowDependenceError, SpecDeployError, UnsupportedModelError,
@@ -17,9 +18,10 @@ from .runtime.engine import Engine, Piece, Result
 from .runtime.stats import GenerationStats
 
 
-def load(bundle, backend: str = "onnxruntime", provider: str | None = None, threads: int | None = None) -> Engine:
+def load(bundle, backend: str = "onnxruntime", provider: str | None = None, threads: int | None = None,
+         prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> Engine:
     """Open a bundle for generation (same as `Engine(bundle, ...)`)."""
-    return Engine(bundle, backend=backend, provider=provider, threads=threads)
+    return Engine(bundle, backend=backend, provider=provider, threads=threads, prefill_chunk=prefill_chunk)
 
 
 __all__ = [

@@ -13,7 +13,7 @@ from typing import Iterator
 import numpy as np
 
 from ..config import GenerationConfig, SamplingParams
-from ..constants import PLAIN
+from ..constants import DEFAULT_PREFILL_CHUNK, PLAIN
 from ..errors import ConfigError, ContextLengthError
 from .acceptance import accept_greedy, accept_sampled
 from .drafting import Draft, EarlyExitDrafter, HybridDrafter, LookupDrafter
@@ -34,8 +34,9 @@ class Emitted:
 
 class Decoder:
     def __init__(self, model: SplitModel, vocab_ids: np.ndarray | None = None,
-                 confidence_threshold: float | None = None):
+                 confidence_threshold: float | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK):
         self.model = model
+        self.prefill_chunk = min(prefill_chunk, model.max_rows)  # rows one prefill pass carries
         self.eos = set(model.manifest.model.eos_token_ids)
         early = EarlyExitDrafter(model, vocab_ids, confidence_threshold)
         lookup = LookupDrafter(model)
@@ -56,12 +57,6 @@ class Decoder:
                 f"prompt ({prompt_len} tokens) + max_new_tokens ({config.max_new_tokens}) exceeds the "
                 f"bundle's max context {self.model.max_context}; shorten the prompt, lower "
                 f"max_new_tokens, or re-export with a larger --max-context"
-            )
-        if prompt_len > self.model.max_rows:
-            raise ContextLengthError(
-                f"the prompt ({prompt_len} tokens) is longer than the {self.model.max_rows} rows this "
-                f"backend's engines were built for; shorten it or rebuild them with "
-                f"'specdeploy build-engines BUNDLE --max-prompt {prompt_len}'"
             )
         settings = self.settings(config)
         if settings.speculative and settings.num_draft_tokens + 1 > self.model.max_rows:
@@ -88,8 +83,8 @@ class Decoder:
         began = time.perf_counter()
         valid = len(prompt)
         self.history[:valid] = prompt
-        hidden = self.model.verify_pass(self.model.draft_pass(prompt, 0), 0)  # [P, H]
-        pending = self._next(self.model.logits(hidden[-1:])[0], settings.sampling, rng)
+        hidden = self.model.prefill(prompt, self.prefill_chunk)  # [1, H]: the prompt's last row
+        pending = self._next(self.model.logits(hidden)[0], settings.sampling, rng)
         stats.prefill_s = stats.first_token_s = time.perf_counter() - began
         produced, started = 0, time.perf_counter()
         step = Emitted((pending,), (False,), "prefill")

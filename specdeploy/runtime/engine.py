@@ -14,7 +14,7 @@ import numpy as np
 from ..backends import load_stages
 from ..bundle import manifest as manifest_io
 from ..config import GenerationConfig
-from ..constants import DEFAULT_BACKEND
+from ..constants import DEFAULT_BACKEND, DEFAULT_PREFILL_CHUNK
 from ..errors import ConfigError
 from . import row_check
 from .decoder import Decoder
@@ -43,8 +43,12 @@ class Result:
 
 class Engine:
     def __init__(self, bundle: Path, backend: str = DEFAULT_BACKEND, provider: str | None = None,
-                 threads: int | None = None):
-        """`provider` (ONNX Runtime only): cpu (default), cuda or tensorrt; `threads`: intra-op threads."""
+                 threads: int | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK):
+        """`provider` (ONNX Runtime only): cpu (default), cuda or tensorrt; `threads`: intra-op threads;
+        `prefill_chunk`: the most prompt rows one prefill pass carries (fewer: a lower peak memory)."""
+        if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
+            raise ConfigError(f"prefill_chunk={prefill_chunk!r} must be a whole number of rows >= 1 "
+                              f"(default {DEFAULT_PREFILL_CHUNK})")
         self.bundle = Path(bundle)
         self.manifest = manifest_io.read(self.bundle)
         m = self.manifest
@@ -59,7 +63,7 @@ class Engine:
                 self.model.close()
                 raise
         vocab = np.load(self.bundle / m.draft_vocab) if m.draft_vocab else None
-        self.decoder = Decoder(self.model, vocab, m.confidence_threshold)
+        self.decoder = Decoder(self.model, vocab, m.confidence_threshold, prefill_chunk)
 
     def encode_prompt(self, prompt) -> list[int]:
         """Token ids of a plain string, or of chat messages rendered with the chat template."""

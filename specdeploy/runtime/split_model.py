@@ -55,6 +55,20 @@ class SplitModel:
         feeds = {io_names.HIDDEN_IN: hidden[None], **self._positional(start, hidden.shape[0])}
         return self.verify_stage.run(feeds)[io_names.HIDDEN_OUT][0]
 
+    def prefill(self, tokens, chunk: int) -> np.ndarray:
+        """Both graphs over the prompt in passes of at most `chunk` rows: the last row's final hidden [1, H].
+
+        A pass's activations grow with its rows times the context (attention scores, the MLP's
+        intermediate), so one pass over a long prompt sets the process's peak memory; chunks bound
+        it. Each chunk attends to the KV rows the chunks before it wrote, as a verify pass does to
+        the committed context, and a backend built for fewer rows (TensorRT profiles) still takes a
+        prompt longer than its largest profile.
+        """
+        for start in range(0, len(tokens), chunk):
+            rows = tokens[start : start + chunk]
+            hidden = self.verify_pass(self.draft_pass(rows, start), start)  # [C, H]
+        return hidden[-1:]
+
     def logits(self, hidden: np.ndarray) -> np.ndarray:
         """Full-vocabulary logits [N, V] of final hidden rows [N, H]."""
         return self.head_stage.run({io_names.HIDDEN_IN: hidden[None]})[io_names.LOGITS][0]

@@ -8,7 +8,7 @@ import fake_tensorrt
 from specdeploy.bundle import manifest as manifest_io
 from specdeploy.backends.tensorrt.build import BuildConfig, build_engines, profiles
 from specdeploy.config import GenerationConfig
-from specdeploy.errors import BackendError, BundleError, ConfigError, ContextLengthError, MissingDependencyError
+from specdeploy.errors import BackendError, BundleError, ConfigError, MissingDependencyError
 from specdeploy.quantization.quality import teacher_forced_logits
 from specdeploy.runtime.engine import Engine
 
@@ -57,12 +57,13 @@ def test_kv_outputs_share_the_input_address(trt_bundle):
             assert ctx.addresses["present_value.1"] == ctx.addresses["past_value.1"]
 
 
-def test_prompt_beyond_prefill_profile_is_refused_before_any_work(trt_bundle):
+def test_prompt_beyond_prefill_profile_is_prefilled_in_profile_sized_chunks(trt_bundle):
+    prompt, config = list(range(2, 82)), GenerationConfig(max_new_tokens=8, speculative=False)
+    with Engine(trt_bundle, prefill_chunk=64) as ort_engine:
+        expected = ort_engine.generate_ids(prompt, config)
     with Engine(trt_bundle, backend="tensorrt") as engine:
-        before = fake_tensorrt.Context.executed
-        with pytest.raises(ContextLengthError, match="--max-prompt 80"):
-            engine.generate_ids(list(range(2, 82)), GenerationConfig(max_new_tokens=4))
-        assert fake_tensorrt.Context.executed == before
+        assert engine.model.max_rows == 64 and engine.decoder.prefill_chunk == 64
+        assert engine.generate_ids(prompt, config) == expected
 
 
 def test_head_runs_teacher_forced_prompts_and_drafts_beyond_the_decode_profile(trt_bundle):
