@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -33,18 +31,16 @@ def _rss_mb() -> float:
 def _side(bundle: Path, side: str, max_tokens: int, long_prompt: int) -> None:
     """One process's measurement, as JSON on stdout."""
     from specdeploy.backends import onnxruntime as backend
-    from specdeploy.bench.sides import category_prompts, encode, mode_rates
+    from specdeploy.bench import sides
     from specdeploy.config import GenerationConfig
-    from specdeploy.prompts import BENCH_PROMPTS
     from specdeploy.runtime.engine import Engine
 
     backend.CPU_ARENA = side
     with Engine(bundle) as engine:
-        out = mode_rates(engine, category_prompts(engine, max_tokens), max_tokens)
+        out = sides.mode_rates(engine, sides.category_prompts(engine, max_tokens), max_tokens)
         out["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         if long_prompt:
-            text = " ".join(p for ps in BENCH_PROMPTS.values() for p in ps)
-            ids = encode(engine, text * (1 + long_prompt // max(1, len(encode(engine, text)))))[:long_prompt]
+            ids = sides.long_prompt(engine, long_prompt)
             engine.generate_ids(ids, GenerationConfig(max_new_tokens=max_tokens, speculative=False))
             out["long_peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             out["long_after_mb"] = _rss_mb()
@@ -81,13 +77,10 @@ def main() -> None:
     if args.long_prompt + args.max_tokens > manifest.max_context:
         raise ConfigError(f"--long-prompt {args.long_prompt} leaves no room for {args.max_tokens} new "
                          f"tokens in this bundle's {manifest.max_context}-token context; lower it")
-    runs = {side: [] for side in SIDES}
-    for repeat in range(args.repeats):
-        for side in SIDES[repeat % len(SIDES):] + SIDES[: repeat % len(SIDES)]:
-            out = subprocess.run([sys.executable, __file__, str(args.bundle), "--side", side, "--max-tokens",
-                                  str(args.max_tokens), "--long-prompt", str(args.long_prompt)],
-                                 capture_output=True, text=True, check=True)
-            runs[side].append(json.loads(out.stdout.splitlines()[-1]))
+    from specdeploy.bench.sides import alternate
+
+    runs = alternate(__file__, SIDES, args.repeats, [str(args.bundle), "--max-tokens", str(args.max_tokens),
+                                                      "--long-prompt", str(args.long_prompt)])
     _report(runs, args.long_prompt)
 
 

@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -76,12 +74,9 @@ def main() -> None:
     manifest_io.read(args.bundle)  # a missing or bad bundle: one line, before any process starts
     if args.load_order:
         return _load_order(args.bundle, args.load_order, args.small_pages, args.repeats, args.max_tokens)
-    runs = {side: [] for side in SIDES}
-    for repeat in range(args.repeats):
-        for side in SIDES[:: 1 if repeat % 2 == 0 else -1]:
-            out = subprocess.run([sys.executable, __file__, str(args.bundle), "--side", side,
-                                  "--max-tokens", str(args.max_tokens)], capture_output=True, text=True, check=True)
-            runs[side].append(json.loads(out.stdout.splitlines()[-1]))
+    from specdeploy.bench.sides import alternate
+
+    runs = alternate(__file__, SIDES, args.repeats, [str(args.bundle), "--max-tokens", str(args.max_tokens)])
     for mode in ("plain", "speculative"):
         rates = {side: float(np.median([r[mode] for r in runs[side]])) for side in SIDES}
         print(f"{mode:12s} huge pages: {rates['huge']:6.1f} tok/s  4 KB pages: {rates['4 KB']:6.1f} tok/s  "

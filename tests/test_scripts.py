@@ -95,6 +95,22 @@ def test_arena_ab_times_and_measures_every_side(tiny_bundle):
     assert out.returncode == 1 and out.stderr.startswith("error: --long-prompt") and "lower it" in out.stderr
 
 
+def test_prefill_ab_measures_every_chunk_size_and_one_pass(tiny_bundle):
+    import subprocess
+    import sys
+
+    script = [sys.executable, str(ROOT / "scripts" / "prefill_ab.py"), str(tiny_bundle), "--repeats", "1",
+              "--prompt-tokens", "100"]
+    out = subprocess.run(script + ["--chunks", "16,64"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert [line.split(" prefill")[0].strip() for line in lines] == ["chunk 16", "chunk 64", "one pass"]
+    assert lines[2].split("(")[1].startswith("1.000x one pass") and all(line.endswith(" MB") for line in lines)
+    for bad, complaint in (("--chunks", "16,none"), ("--prompt-tokens", "128")):
+        out = subprocess.run(script + [bad, complaint], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 1 and out.stderr.startswith(f"error: {bad}"), out.stderr
+
+
 def test_huge_pages_ab_times_both_modes_on_both_sides(tiny_bundle):
     import subprocess
     import sys
@@ -204,7 +220,7 @@ def test_step_profile_counts_each_op_types_kernels_a_step(tiny_bundle):
     assert "MatMul" in shares and abs(sum(shares.values()) - 100) < 1
 
 
-@pytest.mark.parametrize("script, bundles", [("arena_ab", 1), ("huge_pages_ab", 1), ("copy_length_ab", 1), ("outlier_channels", 1),
+@pytest.mark.parametrize("script, bundles", [("arena_ab", 1), ("huge_pages_ab", 1), ("prefill_ab", 1), ("copy_length_ab", 1), ("outlier_channels", 1),
                                              ("quality_compare", 2), ("round_overhead", 1),
                                              ("offset_cost", 1), ("step_profile", 1)])
 def test_a_script_given_no_bundle_says_so_in_one_line(script, bundles, tmp_path):

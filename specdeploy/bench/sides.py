@@ -6,6 +6,9 @@ engines of one process are not equal (the later-loaded one's memory walked cheap
 """
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 
 from ..config import GenerationConfig
@@ -22,6 +25,26 @@ def category_prompts(engine, max_tokens: int) -> list[list[int]]:
     """The first prompt of every bench category, cut to leave room for `max_tokens`."""
     room = engine.manifest.max_context - max_tokens
     return [encode(engine, prompts[0])[:room] for prompts in BENCH_PROMPTS.values()]
+
+
+def long_prompt(engine, tokens: int) -> list[int]:
+    """A prompt of exactly `tokens` ids: every bench prompt's text, repeated until it is long enough."""
+    text = " ".join(p for prompts in BENCH_PROMPTS.values() for p in prompts)
+    return encode(engine, text * (1 + tokens // max(1, len(encode(engine, text)))))[:tokens]
+
+
+def alternate(script: str, sides, repeats: int, args: list[str]) -> dict[str, list[dict]]:
+    """Run `script --side SIDE *args` in a process of its own per side and repeat, the order rotating
+    every repeat (no side always first, or always after the same one); each run's last stdout line
+    is its JSON. Returns each side's runs in order."""
+    sides, runs = list(sides), {side: [] for side in sides}
+    for repeat in range(repeats):
+        shift = repeat % len(sides)
+        for side in sides[shift:] + sides[:shift]:
+            out = subprocess.run([sys.executable, script, "--side", side, *args],
+                                 capture_output=True, text=True, check=True)
+            runs[side].append(json.loads(out.stdout.splitlines()[-1]))
+    return runs
 
 
 def mode_rates(engine, prompts: list[list[int]], max_tokens: int) -> dict[str, float]:
