@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 
 from .constants import (BACKENDS, DEFAULT_BACKEND, DEFAULT_BUNDLE, DEFAULT_DRAFT_SOURCE, DEFAULT_LOOKUP_NGRAM,
-                        DEFAULT_MAX_CONTEXT, DEFAULT_NUM_DRAFT_TOKENS, DEFAULT_OPSET, OPSETS, PRECISIONS, PROVIDERS,
-                        QUANTIZED_PRECISIONS, QUANT_METHODS, SOURCES)
+                        DEFAULT_MAX_CONTEXT, DEFAULT_NUM_DRAFT_TOKENS, DEFAULT_OPSET, DEFAULT_PREFILL_CHUNK, OPSETS,
+                        PRECISIONS, PROVIDERS, QUANTIZED_PRECISIONS, QUANT_METHODS, SOURCES)
 from .errors import SpecDeployError
 
 PRECISION = click.Choice(PRECISIONS)
@@ -240,7 +240,8 @@ def inspect(bundle):
 @main.command("build-engines")
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--max-draft-tokens", default=8, show_default=True, help="Largest draft length the decode profile covers.")
-@click.option("--max-prompt", default=512, show_default=True, help="Longest prompt the prefill profile covers.")
+@click.option("--max-prompt", default=512, show_default=True,
+              help="Rows the prefill profile covers; a longer prompt is prefilled in passes of this many.")
 @click.option("--workspace-mb", default=2048, show_default=True)
 def build_engines_command(bundle, max_draft_tokens, max_prompt, workspace_mb):
     """Build TensorRT engines for BUNDLE on this machine (engines are tied to the GPU and TensorRT version)."""
@@ -256,13 +257,15 @@ def build_engines_command(bundle, max_draft_tokens, max_prompt, workspace_mb):
 @click.option("--port", default=8000, show_default=True)
 @click.option("--max-queue", default=8, show_default=True, help="Requests that may wait; more get 429.")
 @click.option("--model-name", default=None, help="Model id reported by /v1/models (default: the bundle's).")
+@click.option("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK, show_default=True,
+              help="Most prompt rows one prefill pass carries; lower it to bound a long prompt's peak memory.")
 @_backend_options
-def serve(bundle, host, port, max_queue, model_name, provider, backend):
+def serve(bundle, host, port, max_queue, model_name, prefill_chunk, provider, backend):
     """Serve BUNDLE over an OpenAI-compatible HTTP API with a playground at /."""
     from .serve.server import ServeConfig, serve as run_server
 
-    config = ServeConfig(bundle=bundle, host=host, port=port, max_queue=max_queue,
-                         model_name=model_name, provider=provider, backend=backend)
+    config = ServeConfig(bundle=bundle, host=host, port=port, max_queue=max_queue, model_name=model_name,
+                         provider=provider, backend=backend, prefill_chunk=prefill_chunk)
     run_server(config, ready=lambda: click.echo(f"serving {bundle} on http://{host}:{port} "
                                                 f"(playground at /, API at /v1)"))
 

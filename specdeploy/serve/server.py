@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..constants import DEFAULT_PREFILL_CHUNK
 from ..errors import ConfigError, require
 
 
@@ -18,12 +19,15 @@ class ServeConfig:
     backend: str = "onnxruntime"
     model_name: str | None = None
     shutdown_timeout_s: int = 10
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
 
     def __post_init__(self):
         if not (0 <= self.port <= 65535):
             raise ConfigError(f"port={self.port} must be in 0..65535")
         if self.max_queue < 1:
             raise ConfigError(f"max_queue={self.max_queue} must be >= 1")
+        if self.prefill_chunk < 1:
+            raise ConfigError(f"prefill_chunk={self.prefill_chunk} must be >= 1 (rows one prefill pass carries)")
 
 
 def check_port(host: str, port: int) -> None:
@@ -51,7 +55,8 @@ def serve(config: ServeConfig, ready: Callable[[], None] = lambda: None) -> None
     from .app import Server
 
     check_port(config.host, config.port)
-    engine = Engine(config.bundle, backend=config.backend, provider=config.provider)
+    engine = Engine(config.bundle, backend=config.backend, provider=config.provider,
+                    prefill_chunk=config.prefill_chunk)
     name = config.model_name or engine.manifest.model.name
     server = Server(engine, name, config.max_queue)
     ready()
