@@ -42,6 +42,7 @@ python scripts/quality_compare.py engine.plan engine-int8.plan int8-nofloat.plan
 python scripts/outlier_channels.py engine.plan --top 30                    # the channels and their ratios
 python scripts/arena_ab.py engine-int4.plan --repeats 6; python scripts/arena_ab.py engine.plan --repeats 2   # one shared arena: as fast, a steadier, lower peak
 python scripts/arena_ab.py engine-int4.plan --long-prompt 1900   # a long prompt's peak with and without the arena
+python scripts/prefill_ab.py engine-int4.plan --prompt-tokens 1900 --chunks 64,128,256,512; python scripts/prefill_ab.py engine.plan --chunks 128,256 --repeats 2   # chunked prefill: peak and speed
 python scripts/copy_length_ab.py engine-int4.plan --prompts-per-category 4 --repeats 3   # priced copies vs copy all
 python scripts/copy_length_ab.py engine.plan                                             # the same on fp32
 python scripts/round_overhead.py engine-int4.plan --category qa                  # the drafter's choices between passes
