@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Set up from scratch if needed, fetch the example model, run the whole test suite.
 # The playground test drives Debian's chromium through Playwright: install it when missing.
+# Two workers, a test file each at a time (pytest-xdist): exports and the reference models are
+# mostly single-threaded Python, so the second core is otherwise idle through much of the suite;
+# a file's session fixtures (the example model's export) stay on one worker. `-n 0` runs serially.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -x .venv/bin/pytest ] && .venv/bin/python -c "import playwright, tritonclient.grpc, yaml" 2>/dev/null || scripts/setup.sh
+[ -x .venv/bin/pytest ] && .venv/bin/python -c "import playwright, tritonclient.grpc, xdist, yaml" 2>/dev/null || scripts/setup.sh
 if ! command -v chromium >/dev/null 2>&1; then
     SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
     $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium >/dev/null
@@ -11,4 +14,4 @@ fi
 scripts/fetch_model.sh
 scripts/fetch_gemma3.sh || echo "Gemma 3 270M could not be fetched: its end-to-end tests skip"
 . .venv/bin/activate
-exec python -m pytest -q "$@"
+exec python -m pytest -q -n 2 --dist loadfile "$@"
