@@ -35,11 +35,11 @@ OPSETS = (24, 23)
 DEFAULT_OPSET = 24
 
 DEFAULT_MAX_CONTEXT = 2048
+MAX_CONTEXT_RANGE = (16, 32768)
 
 # rows one prefill pass carries: a longer prompt is prefilled in passes of this many rows, which
 # bounds its activations (docs/benchmarks.md, "Chunked prefill")
 DEFAULT_PREFILL_CHUNK = 256
-MAX_CONTEXT_RANGE = (16, 32768)
 
 # a bundle is a directory; this is its default name (it is not a TensorRT plan file)
 DEFAULT_BUNDLE = "engine.plan"
