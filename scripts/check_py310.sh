@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Python 3.10 (JetPack 6) check: a 3.10 virtualenv with ONNX Runtime 1.23 (the newest for 3.10)
-# runs an opset-23 bundle with greedy speculative == plain, and refuses an opset-24 bundle in one line.
+# runs an opset-23 bundle with greedy speculative == plain and a chunked prefill equal to one pass, and
+# refuses an opset-24 bundle in one line.
 # Usage: scripts/check_py310.sh OPSET23_BUNDLE [OPSET24_BUNDLE]   (PYTHON310=/path/to/python3.10)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +19,11 @@ with Engine(sys.argv[1]) as e:
     spec = e.generate_ids(ids, GenerationConfig(max_new_tokens=32, draft_source="hybrid"))
     print("greedy speculative == plain:", spec == plain)
     assert spec == plain
+    from specdeploy.bench.sides import long_prompt
+    long = long_prompt(e, 600)
+    one, chunked = e.model.prefill(long, 600).copy(), e.model.prefill(long, 64).copy()  # [1, H] each
+    print("600-token prefill in chunks of 64 == one pass, bitwise:", bool((one == chunked).all()))
+    assert (one == chunked).all()
 if len(sys.argv) > 2:
     try:
         Engine(sys.argv[2])
