@@ -65,13 +65,10 @@ def main() -> None:
     if not 32 < args.prompt_tokens < manifest.max_context:
         raise ConfigError(f"--prompt-tokens {args.prompt_tokens} must be above 32 and below this bundle's "
                           f"{manifest.max_context}-token context")
-    try:
-        chunks = [int(c) for c in args.chunks.split(",")]
-    except ValueError:
-        chunks = [0]
-    if min(chunks) < 1:
+    chunks = args.chunks.split(",")
+    if not all(c.isdigit() and int(c) >= 1 for c in chunks):
         raise ConfigError(f"--chunks {args.chunks!r}: give chunk sizes as whole numbers >= 1, e.g. 128,256")
-    sides = [str(c) for c in chunks] + [ONE_PASS]
+    sides = [str(int(c)) for c in chunks] + [ONE_PASS]
     _report(alternate(__file__, sides, args.repeats, [str(args.bundle), "--prompt-tokens", str(args.prompt_tokens)]))
 
 

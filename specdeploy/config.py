@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .constants import MAX_DRAFT_TOKENS, MAX_NGRAM, SOURCES
+from .constants import DEFAULT_PREFILL_CHUNK, MAX_DRAFT_TOKENS, MAX_NGRAM, SOURCES
 from .errors import ConfigError
 
 
@@ -22,6 +22,12 @@ def check_num_draft_tokens(n: int) -> int:
     if isinstance(n, bool) or not isinstance(n, int) or not (1 <= n <= MAX_DRAFT_TOKENS):
         raise ConfigError(f"num_draft_tokens={n!r} must be an integer in 1..{MAX_DRAFT_TOKENS}")
     return n
+
+
+def check_prefill_chunk(rows: int) -> int:
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+        raise ConfigError(f"prefill_chunk={rows!r} must be a whole number of rows >= 1 (default {DEFAULT_PREFILL_CHUNK})")
+    return rows
 
 
 def check_source(source: str) -> str:

@@ -157,7 +157,7 @@ def test_serve_bad_inputs(tiny_bundle, corrupt_bundle, tmp_path):
     assert_one_line_error(run("serve", tmp_path / "none"), "is not a bundle")
     assert_one_line_error(run("serve", corrupt_bundle), "not valid JSON")
     assert_one_line_error(run("serve", tiny_bundle, "--max-queue", 0), "max_queue=0")
-    assert_one_line_error(run("serve", tiny_bundle, "--prefill-chunk", 0), "prefill_chunk=0 must be >= 1")
+    assert_one_line_error(run("serve", tiny_bundle, "--prefill-chunk", 0), "prefill_chunk=0 must be a whole number of rows >= 1")
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()

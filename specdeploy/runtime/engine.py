@@ -13,7 +13,7 @@ import numpy as np
 
 from ..backends import load_stages
 from ..bundle import manifest as manifest_io
-from ..config import GenerationConfig
+from ..config import GenerationConfig, check_prefill_chunk
 from ..constants import DEFAULT_BACKEND, DEFAULT_PREFILL_CHUNK
 from ..errors import ConfigError
 from . import row_check
@@ -46,9 +46,7 @@ class Engine:
                  threads: int | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK):
         """`provider` (ONNX Runtime only): cpu (default), cuda or tensorrt; `threads`: intra-op threads;
         `prefill_chunk`: the most prompt rows one prefill pass carries (fewer: a lower peak memory)."""
-        if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
-            raise ConfigError(f"prefill_chunk={prefill_chunk!r} must be a whole number of rows >= 1 "
-                              f"(default {DEFAULT_PREFILL_CHUNK})")
+        check_prefill_chunk(prefill_chunk)
         self.bundle = Path(bundle)
         self.manifest = manifest_io.read(self.bundle)
         m = self.manifest

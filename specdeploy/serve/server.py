@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..constants import DEFAULT_PREFILL_CHUNK
+from ..config import check_prefill_chunk
 from ..errors import ConfigError, require
 
 
@@ -26,8 +27,7 @@ class ServeConfig:
             raise ConfigError(f"port={self.port} must be in 0..65535")
         if self.max_queue < 1:
             raise ConfigError(f"max_queue={self.max_queue} must be >= 1")
-        if self.prefill_chunk < 1:
-            raise ConfigError(f"prefill_chunk={self.prefill_chunk} must be >= 1 (rows one prefill pass carries)")
+        check_prefill_chunk(self.prefill_chunk)
 
 
 def check_port(host: str, port: int) -> None:
