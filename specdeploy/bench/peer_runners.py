@@ -57,8 +57,11 @@ def hf_directory(source: Path, cache: Path) -> Path:
     if (target / "config.json").is_file():
         return target
     transformers = _import("transformers")
-    model = transformers.AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+    from ..export.gguf_reads import parsed_once
+
+    with parsed_once():
+        model = transformers.AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
     model.save_pretrained(target)
     tokenizer.save_pretrained(target)
     return target

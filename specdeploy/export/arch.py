@@ -6,6 +6,7 @@ that call `cache.update(...)` and the registered attention function.
 """
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from ..errors import UnsupportedModelError, require
@@ -85,23 +86,24 @@ def load(source: Path):
     torch = require("torch", "export", "exporting a model")
     source = Path(source)
     check_source(source, check_supported)
-    kwargs = {}
+    kwargs, directory, once = {}, source, contextlib.nullcontext()
     if source.suffix == ".gguf":
         require("gguf", "export", "loading a GGUF file")
-        kwargs, directory = {"gguf_file": source.name}, source.parent
-    else:
-        directory = source
-    try:
-        config = transformers.AutoConfig.from_pretrained(directory, **kwargs)
-    except Exception as exc:  # the loaders' own types; reported in one line with the file
-        raise load_failure(source, exc) from exc
-    check_supported(config.model_type)
-    check_options(config)
-    try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, **kwargs).eval()
-        tokenizer = transformers.AutoTokenizer.from_pretrained(directory, **kwargs)
-    except Exception as exc:
-        raise load_failure(source, exc) from exc
+        from .gguf_reads import parsed_once
+
+        kwargs, directory, once = {"gguf_file": source.name}, source.parent, parsed_once()
+    with once:
+        try:
+            config = transformers.AutoConfig.from_pretrained(directory, **kwargs)
+        except Exception as exc:  # the loaders' own types; reported in one line with the file
+            raise load_failure(source, exc) from exc
+        check_supported(config.model_type)
+        check_options(config)
+        try:
+            model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, **kwargs).eval()
+            tokenizer = transformers.AutoTokenizer.from_pretrained(directory, **kwargs)
+        except Exception as exc:
+            raise load_failure(source, exc) from exc
     return text_decoder(model), tokenizer
 
 
