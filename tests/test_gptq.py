@@ -41,11 +41,13 @@ def test_gptq_over_uncorrelated_activations_is_round_to_nearest():
         np.testing.assert_array_equal(gptq.quantize(w, h, 4, 16, grid).q, nbits.quantize(w, 4, 16, grid).q)
 
 
-def test_gram_matrices_sum_each_weight_inputs_rows(tmp_path):
+@pytest.mark.parametrize("gathered", [6, 512])  # rows multiplied at once: some feeds and a rest, or all
+def test_gram_matrices_sum_each_weight_inputs_rows(tmp_path, monkeypatch, gathered):
+    monkeypatch.setattr(gptq, "GRAM_ROWS", gathered)
     weight = np.random.default_rng(0).normal(size=(32, 8)).astype(np.float32)
     path = tmp_path / "g.onnx"
     onnx.save(_matmul_model(weight), str(path))
-    xs = [np.random.default_rng(i).normal(size=(1, 5, 32)).astype(np.float32) for i in (1, 2)]
+    xs = [np.random.default_rng(i).normal(size=(1, 5, 32)).astype(np.float32) for i in (1, 2, 3)]
     grams = gptq.gram_matrices(path, [lambda x=x: {"x": x} for x in xs])
     rows = np.concatenate(xs, 1)[0].astype(np.float64)
     np.testing.assert_allclose(grams["x"], rows.T @ rows, rtol=1e-5, atol=1e-5)

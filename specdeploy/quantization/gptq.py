@@ -20,19 +20,33 @@ from .activations import matmul_activations
 
 DAMP = 0.01   # share of H's mean diagonal added to it: channels the text rarely uses stay invertible
 CHUNK = 128   # rows whose updates to the later rows are applied as one matmul
+GRAM_ROWS = 512  # activation rows multiplied into the Gram matrices at once
 
 
 def gram_matrices(graph_file: Path, feeds: list[Callable[[], dict]]) -> dict[str, np.ndarray]:
     """H = Xᵀ X [K, K] of every weight matmul's input over the calibration feeds (float32: GPTQ
-    damps H anyway, and these are the quantizer's largest allocation)."""
+    damps H anyway, and these are the quantizer's largest allocation).
+
+    A feed carries 32 rows; Xᵀ X over so few rewrites all K² sums for each 32 rows (memory-bound:
+    1.7 s per 4,096 rows at K = 1,536 on a 2-core CPU), so rows are gathered and multiplied
+    GRAM_ROWS at a time (0.2 s)."""
     grams: dict[str, np.ndarray] = {}
+    pending: dict[str, list[np.ndarray]] = {}
+
+    def add(name: str) -> None:
+        x = np.concatenate(pending.pop(name))                                       # [rows, K]
+        if name in grams:
+            grams[name] += x.T @ x
+        else:
+            grams[name] = x.T @ x
+
     for values in matmul_activations(graph_file, feeds):
         for name, rows in values.items():
-            x = rows.astype(np.float32)                                              # [rows, K]
-            if name in grams:
-                grams[name] += x.T @ x
-            else:
-                grams[name] = x.T @ x
+            pending.setdefault(name, []).append(rows.astype(np.float32))            # [rows, K]
+            if sum(len(r) for r in pending[name]) >= GRAM_ROWS:
+                add(name)
+    for name in list(pending):
+        add(name)
     return grams
 
 
