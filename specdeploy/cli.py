@@ -331,7 +331,7 @@ def bench(bundle, prompts_file, quick, max_tokens, repeats, prompts_per_category
 @click.option("--name", default="specdeploy", show_default=True, help="Model name in the repository.")
 @click.option("--instances", default=1, show_default=True, help="Engines per node (instance_group count).")
 @click.option("--max-queue", default=8, show_default=True, help="Requests that may wait per instance.")
-@click.option("--threads", type=int, default=None, help="ONNX Runtime threads per instance (default: all cores).")
+@click.option("--threads", type=int, default=None, help="ONNX Runtime threads per instance (default: every CPU the process may use).")
 @click.option("--copy", is_flag=True, help="Copy the bundle into the repository instead of referencing it.")
 @click.option("--site-packages", default=None,
               help="Extra import paths for Triton's Python stub (colon-separated), where specdeploy and numpy<2 live.")

@@ -1,6 +1,7 @@
 """The stage protocol every backend implements (the decoding loop sees nothing else)."""
 from __future__ import annotations
 
+import os
 from typing import Protocol
 
 import numpy as np
@@ -34,3 +35,11 @@ class OutputBuffers:
             if arr.shape[1] < rows:
                 self.arrays[name] = np.empty((1, max(rows, 2 * arr.shape[1]), self.widths[name]), self.dtype)
         return {name: arr[:, :rows] for name, arr in self.arrays.items()}
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (a container's CPU set, `taskset`), not the machine's count:
+    one intra-op thread per CPU, as many as can run at once; more only spin against each other."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)

@@ -6,7 +6,6 @@ update the cache in place; outputs are written straight into preallocated numpy 
 from __future__ import annotations
 
 import functools
-import os
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +16,7 @@ from ..bundle.manifest import GraphInfo, Manifest
 from ..constants import PROVIDERS
 from ..errors import BackendError, ConfigError
 from . import attention_window
-from .base import OutputBuffers
+from .base import OutputBuffers, usable_cpus
 from .residency import anonymous_regions, collapse_new, page_out, trim_heap, zeroed
 
 EXECUTION_PROVIDERS = dict(zip(PROVIDERS, ("CPUExecutionProvider", "CUDAExecutionProvider",
@@ -55,7 +54,8 @@ def shrink_run() -> ort.RunOptions:
 
 def session_options(threads: int | None = None, log_severity: int = 3,
                     fold_dequantize: bool = False, arena: str | None = None) -> ort.SessionOptions:
-    """Small-batch decode: one pool per session sized to the cores, spinning only inside a run.
+    """Small-batch decode: one pool per session sized to the CPUs the process may use (`usable_cpus`),
+    spinning only inside a run.
 
     A decode pass is hundreds of small ops; a pool that sleeps between them pays a thread wake-up
     per op (docs/benchmarks.md: plain decoding 52 → 65 tok/s on 2 cores once pools spin). Draft,
@@ -77,7 +77,7 @@ def session_options(threads: int | None = None, log_severity: int = 3,
         so.add_session_config_entry("session.use_env_allocators", "1")
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.intra_op_num_threads = threads or max(1, os.cpu_count() or 1)
+    so.intra_op_num_threads = threads or usable_cpus()
     so.inter_op_num_threads = 1
     so.add_session_config_entry("session.intra_op.allow_spinning", "1")
     so.add_session_config_entry("session.force_spinning_stop", "1")

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..backends.base import usable_cpus
+
 
 class PeerUnavailable(Exception):
     pass
@@ -25,7 +27,7 @@ def _import(module: str):
 
 
 def _threads(threads: int | None) -> int:
-    return threads or os.cpu_count() or 1
+    return threads or usable_cpus()
 
 
 class Specdeploy:

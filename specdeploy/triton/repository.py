@@ -33,7 +33,7 @@ class TritonConfig:
     name: str = "specdeploy"
     instances: int = 1            # engines per node, each with its own KV buffers
     max_queue: int = 8            # requests waiting per instance; more get an error response
-    threads: int | None = None    # ONNX Runtime intra-op threads per instance (None: all cores)
+    threads: int | None = None    # ONNX Runtime intra-op threads per instance (None: every CPU the process may use)
     copy: bool = False            # copy the bundle into the repository instead of referencing it
     site_packages: str | None = None  # extra paths for Triton's Python stub (specdeploy, numpy<2, onnxruntime)
     backend: str = DEFAULT_BACKEND    # tensorrt: engines built on the device (Jetson, RTX); instances on the GPU
