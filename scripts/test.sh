@@ -14,4 +14,4 @@ fi
 scripts/fetch_model.sh
 scripts/fetch_gemma3.sh || echo "Gemma 3 270M could not be fetched: its end-to-end tests skip"
 . .venv/bin/activate
-exec python -m pytest -q -n 2 --dist loadfile "$@"
+exec python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder "$@"

@@ -134,9 +134,44 @@ def _has_gpu() -> bool:
         return False
 
 
+def pytest_configure(config):
+    _pin_xdist_worker()
+
+
+def _pin_xdist_worker() -> None:
+    """Under `-n N` on N or more CPUs, each worker runs on its own share of them. Every ONNX Runtime
+    session spins one thread per CPU it may use between kernels; two workers each spinning on both
+    CPUs of a 2-core machine took turns on them instead of running side by side."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if not worker or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) >= count:
+        os.sched_setaffinity(0, cpus[int(worker.removeprefix("gw")) :: count])
+
+
+def _end_to_end_files_first(items) -> None:
+    """Files holding `slow` (end-to-end) tests first, then by test count, each file's tests in order.
+
+    The test command hands out whole files in this order (`--dist loadfile --no-loadscope-reorder`).
+    The end-to-end files run minutes each (the example model's and Gemma 3's exports); started last,
+    one ran on a worker while the other sat idle, and the shorter files fill in around them instead.
+    """
+    from collections import Counter
+
+    count, first = Counter(item.path for item in items), {}
+    for index, item in enumerate(items):
+        first.setdefault(item.path, index)
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: (item.path not in slow, -count[item.path], first[item.path]))
+
+
 def pytest_collection_modifyitems(config, items):
-    """`gpu` / `tensorrt` tests skip cleanly where the hardware or package is absent."""
+    """`gpu` / `tensorrt` tests skip cleanly where the hardware or package is absent; the end-to-end
+    files are scheduled first."""
     import importlib.util
+
+    _end_to_end_files_first(items)
 
     gpu = _has_gpu()
     trt = importlib.util.find_spec("tensorrt") is not None

@@ -5,7 +5,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from specdeploy.quantization import fusion, nbits
+from specdeploy.quantization import fusion
 
 RNG = np.random.default_rng(0)
 HEADS, ROWS, DIM = 2, 3, 8
