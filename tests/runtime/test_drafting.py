@@ -117,6 +117,15 @@ def test_hybrid_rechecks_a_standing_verdict_ever_more_rarely():
     assert all(b - a > 1.5 * (a - c) for c, a, b in zip(checks, checks[1:], checks[2:]))
 
 
+def test_rounds_that_yield_no_more_tokens_are_never_judged_faster_by_their_timings():
+    """A probe whose drafts are all rejected emits one token, as a plain step does, at a higher cost:
+    timings that say it is faster (noise) do not make the hybrid run it beyond its re-checks."""
+    picks = _picks(600, plain=(1, 0.02), probe=(1, 0.015))[10:]
+    assert picks.count(None) > 0.95 * len(picks) and ("early", 4) not in picks
+    picks = _picks(600, plain=(1, 0.03), probe=(2, 0.035), full=(2, 0.03))[16:]  # full: no more tokens
+    assert picks.count(("early", 1)) > 0.95 * len(picks)
+
+
 def test_hybrid_needs_a_margin_to_leave_plain_steps():
     picks = _picks(80, plain=(1, 0.02), probe=(101, 2.0))  # one-token rounds 1% faster: within the margin
     assert picks[10:].count(None) > 0.9 * len(picks[10:])
