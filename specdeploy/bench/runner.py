@@ -13,6 +13,7 @@ from .. import prompts as prompt_sets
 from ..config import GenerationConfig, check_ngram
 from ..constants import SOURCES, VERSION
 from ..errors import SpecDeployError
+from ..runtime.costs import CostModel, measure
 from ..runtime.engine import Engine
 from ..runtime.timing import ModeResult, run_modes
 
@@ -110,14 +111,13 @@ def check_identical(res: CategoryResult) -> None:
                 )
 
 
-def lookup_bound(engine: Engine, categories: list[CategoryResult], ngram: tuple[int, int] | None) -> dict:
+def lookup_bound(engine: Engine, categories: list[CategoryResult], ngram: tuple[int, int] | None,
+                 costs: CostModel) -> dict:
     """The clairvoyant lookup bound on this run's greedy outputs, priced with passes timed here."""
-    from ..runtime.costs import measure
     from .bound import copy_bounds, pass_cost
 
     m = engine.manifest
     ngram = ngram or m.lookup_ngram
-    costs = measure(engine.model, m.num_draft_tokens + 1)
     cases = {c.category: list(zip(c.prompts, c.modes["plain"].outputs)) for c in categories if c.temperature == 0}
     passes = {str(r): round(1000 * pass_cost(costs, r), 2) for r in range(1, m.num_draft_tokens + 2)}
     return {"ngram": list(ngram), "num_draft_tokens": m.num_draft_tokens, "costs": costs.to_dict(), "pass_ms": passes,
@@ -156,7 +156,11 @@ def run(config: BenchConfig) -> dict:
         categories = run_categories(engine, config, prompt_set)
         results = summarise(engine.manifest, categories, config)
         if 0.0 in config.temperatures:
-            results["lookup_bound"] = lookup_bound(engine, categories, config.lookup_ngram)
+            from .priced import priced_speedups
+
+            costs = measure(engine.model, engine.manifest.num_draft_tokens + 1)
+            results["lookup_bound"] = lookup_bound(engine, categories, config.lookup_ngram, costs)
+            results["priced"] = priced_speedups(categories, costs, engine.manifest.exit_layer)
         results["memory"] = peak_memory
         if config.sweep:
             from .sweep import sweep

@@ -19,6 +19,7 @@ class GenerationStats:
     finish_reason: str = "length"  # "stop" (EOS or a stop string) or "length"
     accepted_histogram: dict[int, int] = field(default_factory=dict)
     by_source: dict[str, list[int]] = field(default_factory=dict)  # source -> [rounds, drafted, accepted]
+    round_sizes: dict[str, dict[int, int]] = field(default_factory=dict)  # source -> {tokens drafted: rounds}
 
     def record_round(self, source: str, drafted: int, accepted: int) -> None:
         self.rounds += 1
@@ -29,6 +30,8 @@ class GenerationStats:
         entry[0] += 1
         entry[1] += drafted
         entry[2] += accepted
+        sizes = self.round_sizes.setdefault(source, {})
+        sizes[drafted] = sizes.get(drafted, 0) + 1
 
     def merge(self, other: "GenerationStats") -> None:
         """Add another generation's counts (for totals over many prompts)."""
@@ -47,6 +50,10 @@ class GenerationStats:
             mine = self.by_source.setdefault(source, [0, 0, 0])
             for i, v in enumerate(counts):
                 mine[i] += v
+        for source, sizes in other.round_sizes.items():
+            mine = self.round_sizes.setdefault(source, {})
+            for drafted, rounds in sizes.items():
+                mine[drafted] = mine.get(drafted, 0) + rounds
 
     @property
     def acceptance_rate(self) -> float:
@@ -86,4 +93,5 @@ class GenerationStats:
                 s: {"rounds": r, "draft_tokens": d, "accepted_tokens": a}
                 for s, (r, d, a) in self.by_source.items()
             },
+            "round_sizes": {s: {str(k): v for k, v in sorted(sizes.items())} for s, sizes in self.round_sizes.items()},
         }

@@ -33,6 +33,10 @@ def test_quick_bench_writes_json_markdown_and_plots(tiny_bundle, tmp_path):
     bound = results["lookup_bound"]["categories"]
     assert "overall" in bound and set(bound) <= {"a", "b", "overall"}  # outputs of one token have no rounds
     assert bound["overall"]["speedup_bound"] >= 1.0
+    priced = results["priced"]
+    assert "overall" in priced and set(priced) <= {"a", "b", "overall"}  # categories with rounds to price
+    assert all(set(p) == {"early_exit", "lookup", "hybrid"} and min(p.values()) > 0 for p in priced.values())
+    assert "hybrid priced / measured" in markdown
     assert results["machine"]["packages"]["onnxruntime"]
 
 
