@@ -16,6 +16,7 @@ from ..errors import SpecDeployError
 from ..runtime.costs import CostModel, measure
 from ..runtime.engine import Engine
 from ..runtime.timing import ModeResult, run_modes
+from .priced import priced_speedups
 
 
 @dataclass(frozen=True)
@@ -156,8 +157,6 @@ def run(config: BenchConfig) -> dict:
         categories = run_categories(engine, config, prompt_set)
         results = summarise(engine.manifest, categories, config)
         if 0.0 in config.temperatures:
-            from .priced import priced_speedups
-
             costs = measure(engine.model, engine.manifest.num_draft_tokens + 1)
             results["lookup_bound"] = lookup_bound(engine, categories, config.lookup_ngram, costs)
             results["priced"] = priced_speedups(categories, costs, engine.manifest.exit_layer)
