@@ -3,7 +3,9 @@
 # The playground test drives Debian's chromium through Playwright: install it when missing.
 # Two workers, a test file each at a time (pytest-xdist): exports and the reference models are
 # mostly single-threaded Python, so the second core is otherwise idle through much of the suite;
-# a file's session fixtures (the example model's export) stay on one worker. `-n 0` runs serially.
+# a file's session fixtures (the example model's export) stay on one worker. Files go out in
+# collection order (tests/conftest.py puts the end-to-end ones first and gives each worker its
+# own CPU), not xdist's by-test-count order. `-n 0` runs serially.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/pytest ] && .venv/bin/python -c "import playwright, tritonclient.grpc, xdist, yaml" 2>/dev/null || scripts/setup.sh
