@@ -5,8 +5,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..constants import DEFAULT_PREFILL_CHUNK
 from ..config import check_prefill_chunk
+from ..constants import DEFAULT_PREFILL_CHUNK
 from ..errors import ConfigError, require
 
 
