@@ -52,7 +52,7 @@ def main() -> None:
                 totals[name][0] += r.tokens
                 totals[name][1] += r.tokens / r.tokens_per_second
             cells = [f"{name}: α {r.acceptance_rate:.2f} τ {r.tokens_per_round:.2f} "
-                     f"{r.tokens_per_second / plain.tokens_per_second:.2f}×"
+                     f"{r.speedup_over(plain):.2f}×"
                      for name, r in results.items() if name != "plain"]
             print(f"{category:14s} plain {plain.tokens_per_second:5.1f} tok/s | " + " | ".join(cells), flush=True)
         rounds = switch.length.costs.seconds(MAX_DRAFT_TOKENS + 1)  # what the pricing saw, all modes

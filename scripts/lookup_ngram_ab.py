@@ -36,7 +36,7 @@ def main() -> None:
             if any(r.outputs != plain.outputs for r in results.values()):
                 raise SystemExit(f"greedy lookup output differs from plain on {category}")
             cells = [f"lookup {name}: α {r.acceptance_rate:.2f} τ {r.tokens_per_round:.2f} "
-                     f"{r.tokens_per_second / plain.tokens_per_second:.2f}×" for name, r in results.items()]
+                     f"{r.speedup_over(plain):.2f}×" for name, r in results.items()]
             print(f"{category:14s} " + " | ".join(cells), flush=True)
 
 

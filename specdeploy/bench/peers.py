@@ -2,7 +2,8 @@
 
 Every runtime decodes the same chat-templated prompt token ids, greedily, a fixed number of new
 tokens (EOS ignored), interleaved prompt by prompt and repeated, so machine noise hits them alike.
-Each row reports tokens/s (median of repeats), its ratio to the first bundle's plain decoding, and
+Each row reports tokens/s (median of repeats), its ratio to the first bundle's plain decoding
+(the median of the ratios within each repeat: runtime.timing says why), and
 greedy agreement with that output (prompts whose tokens all equal it, mean leading tokens equal).
 
 The peers (scripts/setup_peers.sh installs them): ONNX Runtime GenAI at fp32 / int8 / int4 built by
@@ -20,6 +21,7 @@ import numpy as np
 from .. import prompts as prompt_sets
 from ..bundle import manifest as manifest_io
 from ..errors import ConfigError
+from ..runtime.timing import paired_speedup
 from . import peer_runners as runners
 from .sides import encode
 
@@ -104,8 +106,9 @@ def run(config: PeerConfig, echo=print) -> dict:
     live = [r for r in rows if r.runner is not None]
     for repeat in range(config.repeats):
         elapsed = [0.0] * len(live)
+        order = list(enumerate(live))[:: -1 if repeat % 2 else 1]  # no row always first after a prompt change
         for ids in prompts:
-            for i, row in enumerate(live):
+            for i, row in order:
                 began = time.perf_counter()
                 out = row.runner.generate(ids, config.max_new_tokens)
                 elapsed[i] += time.perf_counter() - began
@@ -123,7 +126,7 @@ def _results(config: PeerConfig, rows: list[Row], categories: list[str]) -> dict
     from .runner import machine_info
 
     reference = rows[0]
-    base = reference.tokens_per_second()
+    base = sum(map(len, reference.outputs)), reference.seconds
     table = []
     for row in rows:
         entry = {"runtime": row.name, "note": row.note}
@@ -131,7 +134,8 @@ def _results(config: PeerConfig, rows: list[Row], categories: list[str]) -> dict
             entry["skipped"] = row.skipped
         else:
             tps = row.tokens_per_second()
-            entry.update(tokens_per_second=round(tps, 2), vs_reference=round(tps / base, 3),
+            paired = paired_speedup(sum(map(len, row.outputs)), row.seconds, *base)  # by repeat, as bench's
+            entry.update(tokens_per_second=round(tps, 2), vs_reference=round(paired, 3),
                          **_agreement(row.outputs, reference.outputs))
         table.append(entry)
     return {"reference": reference.name, "categories": categories, "max_new_tokens": config.max_new_tokens,

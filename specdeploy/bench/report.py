@@ -6,13 +6,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..runtime.timing import ModeResult
+from ..runtime.timing import ModeResult, paired_speedup
 
 
 def _mode_dict(mode: ModeResult, plain: ModeResult) -> dict:
     return {
         "tokens": mode.tokens, "tokens_per_second": round(mode.tokens_per_second, 2),
-        "speedup": round(mode.tokens_per_second / plain.tokens_per_second, 3) if plain.tokens_per_second else None,
+        "speedup": round(mode.speedup_over(plain), 3) if plain.tokens_per_second else None,
+        "seconds_per_repeat": [round(s, 4) for s in mode.seconds],
         "acceptance_rate": round(mode.acceptance_rate, 4), "tokens_per_round": round(mode.tokens_per_round, 3),
         "time_to_first_token_ms": round(1000 * float(np.median(mode.first_token_s)), 1),
         "by_source": {s: {"rounds": r, "draft_tokens": d, "accepted_tokens": a,
@@ -23,9 +24,10 @@ def _mode_dict(mode: ModeResult, plain: ModeResult) -> dict:
 
 def _overall(categories, temperature) -> dict:
     rows = [c for c in categories if c.temperature == temperature]
-    out = {}
+    out, per_repeat = {}, {}
     for name in rows[0].modes:
         tokens = sum(c.modes[name].tokens for c in rows)
+        per_repeat[name] = (tokens, [sum(r) for r in zip(*(c.modes[name].seconds for c in rows))])
         seconds = sum(float(np.median(c.modes[name].seconds)) for c in rows)
         drafted = sum(c.modes[name].drafted for c in rows)
         accepted = sum(c.modes[name].accepted for c in rows)
@@ -33,9 +35,9 @@ def _overall(categories, temperature) -> dict:
         out[name] = {"tokens_per_second": round(tokens / seconds, 2) if seconds else 0.0,
                      "acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0,
                      "tokens_per_round": round((accepted + rounds) / rounds, 3) if rounds else 0.0}
-    plain = out["plain"]["tokens_per_second"]
-    for v in out.values():
-        v["speedup"] = round(v["tokens_per_second"] / plain, 3) if plain else None
+    plain = per_repeat["plain"]
+    for name, v in out.items():
+        v["speedup"] = round(paired_speedup(*per_repeat[name], *plain), 3) if plain[0] else None
     return out
 
 
@@ -49,7 +51,8 @@ def summarise(manifest, categories, config) -> dict:
                    "calibrated": manifest.calibration is not None},
         "settings": {"max_new_tokens": config.max_new_tokens, "repeats": config.repeats,
                      "prompts_per_category": config.prompts_per_category,
-                     "timing": "wall time per generation incl. prefill, median of repeats"},
+                     "timing": "wall time per generation incl. prefill; tok/s from the median repeat, "
+                               "speedups the median of per-repeat ratios"},
         "greedy_identical_to_plain": 0.0 in temps,
         "results": {str(t): {c.category: {m: _mode_dict(r, c.modes["plain"]) for m, r in c.modes.items()}
                              for c in categories if c.temperature == t} for t in temps},
@@ -67,7 +70,8 @@ def markdown(results: dict) -> str:
              f"γ={b['num_draft_tokens']}, {b['precision']}, calibrated: {b['calibrated']})", "",
              f"Machine: {results.get('machine', {}).get('processor', '?')}, "
              f"{results.get('machine', {}).get('cpu_count', '?')} cores. "
-             f"{results['settings']['max_new_tokens']} new tokens, median of {results['settings']['repeats']}.", ""]
+             f"{results['settings']['max_new_tokens']} new tokens, {results['settings']['repeats']} repeats "
+             f"(tok/s: the median repeat; speedups: the median of per-repeat ratios).", ""]
     for temp, cats in results["results"].items():
         modes = list(next(iter(cats.values())))
         lines += [f"## temperature {temp}", "",

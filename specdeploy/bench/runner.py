@@ -1,6 +1,7 @@
 """`specdeploy bench`: plain vs speculative decoding per category, on the same graphs, one run.
 
-Modes run interleaved on each prompt and are repeated; figures are medians. At greedy the
+Modes run interleaved on each prompt and are repeated (runtime.timing): tokens/s is the median
+repeat's, a speedup the median of the ratios within each repeat. At greedy the
 speculative outputs must equal the plain outputs token for token, or the run fails.
 """
 from __future__ import annotations
@@ -58,8 +59,7 @@ class CategoryResult:
     prompts: list[list[int]] = field(default_factory=list)
 
     def speedup(self, mode: str) -> float:
-        plain = self.modes["plain"].tokens_per_second
-        return self.modes[mode].tokens_per_second / plain if plain else 0.0
+        return self.modes[mode].speedup_over(self.modes["plain"])
 
 
 def _progress(total: int):

@@ -29,7 +29,7 @@ def _grid_for(engine: Engine, ids, gammas, config, calibrated: bool) -> list[dic
     modes = {"plain": GenerationConfig(speculative=False, **base)}
     modes.update({f"g{g}": GenerationConfig(num_draft_tokens=g, draft_source="early_exit", **base) for g in gammas})
     res = run_modes(engine, ids, modes, config.repeats)
-    plain = res["plain"].tokens_per_second
+    plain = res["plain"]
     rows = []
     for g in gammas:
         r = res[f"g{g}"]
@@ -37,7 +37,7 @@ def _grid_for(engine: Engine, ids, gammas, config, calibrated: bool) -> list[dic
         rows.append({"exit_layer": k, "num_draft_tokens": g, "calibrated": calibrated,
                      "acceptance_rate": round(r.acceptance_rate, 4), "tokens_per_round": round(r.tokens_per_round, 3),
                      "cost_ratio": round(c, 4), "predicted_speedup": round(tau / (g * c + 1), 3),
-                     "measured_speedup": round(r.tokens_per_second / plain, 3)})
+                     "measured_speedup": round(r.speedup_over(plain), 3)})
     return rows
 
 

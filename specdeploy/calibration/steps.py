@@ -69,8 +69,8 @@ def measure_end_to_end(bundle: Path, held_convs, gammas, cal: CalibrationConfig,
             for source in ("early_exit", "hybrid"):
                 modes[f"{source}/{gamma}"] = GenerationConfig(num_draft_tokens=gamma, draft_source=source, **base)
         results = run_modes(engine, ids, modes, repeats=2)
-    plain = results.pop("plain").tokens_per_second
-    speedups = {name: r.tokens_per_second / plain for name, r in results.items()}
+    plain = results.pop("plain")
+    speedups = {name: r.speedup_over(plain) for name, r in results.items()}
     for name, s in speedups.items():
         echo(f"measured {name}: {s:.2f}× plain")
     return speedups

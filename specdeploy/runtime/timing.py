@@ -1,7 +1,10 @@
-"""Interleaved, repeated timing of generation modes on one engine (median of repeats).
+"""Interleaved, repeated timing of generation modes on one engine: speedups paired by repeat.
 
 Modes run back to back on the same prompt before moving on, so machine noise hits all of them
-alike; the speedup is a ratio measured in one run.
+alike, in reverse order on odd repeats, so no mode always runs first after a prompt change. A
+speedup is the median over repeats of the ratio *within* each repeat: a VM whose speed moves by
+a fifth between repeats (measured here) moves both sides of that ratio alike, where a ratio of
+each mode's own median time can pair one mode's fast repeat with the other's slow one.
 """
 from __future__ import annotations
 
@@ -31,6 +34,10 @@ class ModeResult:
     def tokens_per_second(self) -> float:
         return self.tokens / float(np.median(self.seconds)) if self.seconds else 0.0
 
+    def speedup_over(self, plain: "ModeResult") -> float:
+        """Tokens/s relative to `plain`, paired by repeat: median of per-repeat ratios."""
+        return paired_speedup(self.tokens, self.seconds, plain.tokens, plain.seconds)
+
     drafted = property(lambda self: self.totals.drafted)
     accepted = property(lambda self: self.totals.accepted)
     rounds = property(lambda self: self.totals.rounds)
@@ -39,14 +46,23 @@ class ModeResult:
     tokens_per_round = property(lambda self: self.totals.tokens_per_round)
 
 
+def paired_speedup(tokens: int, seconds: list[float], base_tokens: int, base_seconds: list[float]) -> float:
+    """Median over repeats of (tokens / seconds[r]) / (base_tokens / base_seconds[r]); 0 if unmeasured."""
+    if not base_tokens:
+        return 0.0
+    ratios = [tokens * b / (base_tokens * s) for s, b in zip(seconds, base_seconds) if s > 0 and b > 0]
+    return float(np.median(ratios)) if ratios else 0.0
+
+
 def run_modes(engine, prompts: list[list[int]], modes: dict[str, GenerationConfig],
               repeats: int = 3, progress=None) -> dict[str, ModeResult]:
     """Tokens/s, acceptance and outputs of each mode over the prompts (first repeat's counts)."""
     results = {name: ModeResult() for name in modes}
     for repeat in range(repeats):
         elapsed = {name: 0.0 for name in modes}
+        order = list(modes.items())[:: -1 if repeat % 2 else 1]
         for prompt in prompts:
-            for name, config in modes.items():
+            for name, config in order:
                 stats = GenerationStats()
                 began = time.perf_counter()
                 out = engine.generate_ids(prompt, config, stats)

@@ -145,3 +145,17 @@ def test_compare_prompts_a_base_model_with_the_text_itself(tiny_bundle, tmp_path
     with Engine(base) as engine:
         assert ids == [engine.encode_prompt(ps[0]) for ps in BENCH_PROMPTS.values()]
     assert len(categories) == len(BENCH_PROMPTS)
+
+
+def test_overall_speedup_pairs_repeats_summed_over_categories():
+    from specdeploy.bench.report import _overall
+
+    def cat(name, plain, hybrid):
+        return CategoryResult(0.0, name, {"plain": ModeResult(seconds=plain, outputs=[[1] * 10]),
+                                          "hybrid": ModeResult(seconds=hybrid, outputs=[[1] * 10])})
+    # repeat 2 ran slow for plain only in category a, repeat 3 slow for both: 1.25x in each pair but one
+    rows = [cat("a", [1.0, 3.0, 2.0], [0.8, 0.8, 1.6]), cat("b", [1.0, 1.0, 2.0], [0.8, 0.8, 1.6])]
+    overall = _overall(rows, 0.0)
+    ratios = sorted([2.0 / 1.6, 4.0 / 1.6, 4.0 / 3.2])
+    assert overall["hybrid"]["speedup"] == round(ratios[1], 3) == 1.25
+    assert overall["plain"]["speedup"] == 1.0
