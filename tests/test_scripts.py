@@ -232,3 +232,40 @@ def test_a_script_given_no_bundle_says_so_in_one_line(script, bundles, tmp_path)
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1
     assert out.stderr.startswith("error: ") and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def _copy_replay():
+    spec = importlib.util.spec_from_file_location("copy_replay", ROOT / "scripts" / "copy_replay.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_copy_replay_prices_the_rounds_decoding_would_run():
+    """A passage said twice: the second time every copy holds; text that never repeats never copies."""
+    replay = _copy_replay()
+    passage = list(range(10, 30))
+    prompt, output = [1, 2, *passage], [3, *passage]
+    flat = lambda rows: 1.0  # rows cost nothing extra: the speedup is the tokens per round
+    emitted, steps = replay.replay_output(replay.CopyAll(), prompt, output, flat, (1, 4), 4)
+    # a plain step (nothing before "3"), then rounds of four copies and a verified token, the last cut short
+    assert (emitted, steps) == (len(output) - 1, 6.0)
+    fresh = list(range(100, 120))
+    assert replay.replay_output(replay.CopyAll(), [1, 2], fresh, flat, (1, 4), 4) == (len(fresh) - 1, len(fresh) - 1)
+    dear = lambda rows: 1.0 + 0.5 * (rows - 1)
+    priced = replay.replay(replay.FixedRule(), [("a", prompt, output), ("b", [1, 2], fresh)], dear, (1, 4), 4, 1)
+    assert priced["b"] == 1.0 and priced["a"] > 1.0 and priced["a"] > priced["overall"] > 1.0
+
+
+def test_copy_replay_runs_on_a_bundle(tiny_bundle):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "copy_replay.py"), str(tiny_bundle),
+                          "--prompts-per-category", "1", "--max-tokens", "8", "--repeats", "1", "--row-costs", "0.2"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert sum(line.startswith("rounds priced at") for line in lines) == 2
+    assert lines[1].split() == ["category", "default", "copy", "all", "fixed", "rule", "bound"]
+    assert sum(line.startswith("overall") for line in lines) == 2

@@ -1,0 +1,123 @@
+"""What the default's lookup copy choices are worth without timing noise, per category.
+
+Usage: python scripts/copy_replay.py BUNDLE [--prompts-per-category 4] [--max-tokens 64] [--repeats 3]
+                                     [--row-costs 0.11 0.21]
+Decodes the bench prompts once, plain and greedy; then replays each output round by round, as the
+default decodes it: the lookup search of the runtime, and copy lengths chosen by the runtime's own
+`CopyLength`, whose measurements carry over from category to category and repeat to repeat as in
+one engine. Each round is priced in plain steps, a round verifying r rows at cost(r) / cost(1):
+from passes timed here (`measured`), and from each --row-costs c as 1 + c (r - 1). Beside the
+default: copying all a match offers, a fixed rule (one token after a 2-token agreement, all of it
+after 4), and the clairvoyant bound of the bench's report. Greedy output does not depend on these
+choices, so the replay prices exactly the rounds decoding would run, under timings that do not
+move: what separates a choice that wins from one that only met a fast moment of the machine.
+The default's early-exit probes are not replayed (a few rounds a run).
+"""
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from specdeploy import Engine, GenerationConfig
+from specdeploy.bench.bound import clairvoyant_rounds, pass_cost
+from specdeploy.prompts import bench_prompts
+from specdeploy.runtime.copy_length import CopyLength
+from specdeploy.runtime.costs import measure
+from specdeploy.runtime.drafting import find_continuation
+
+
+class CopyAll:
+    def choose(self, match: int, offered: int) -> int:
+        return offered
+
+    def observe(self, *round_) -> None:
+        pass
+
+
+class FixedRule(CopyAll):
+    def choose(self, match: int, offered: int) -> int:
+        return 0 if match < 2 else (1 if match < 4 else offered)
+
+
+def replay_output(chooser, prompt: list[int], output: list[int], price, ngram, num_draft_tokens: int):
+    """(tokens, steps) of the rounds after the prefill's token, each priced by price(rows) in steps."""
+    tokens = np.asarray(list(prompt) + list(output), np.int64)
+    start, position, emitted, steps = len(prompt), 1, 0, 0.0
+    while position < len(output):
+        room = min(num_draft_tokens, len(output) - position - 1)
+        offered, match = find_continuation(tokens[: start + position], room, *ngram)
+        drafted = chooser.choose(match, len(offered)) if match and len(offered) else 0
+        copied, future = offered[:drafted], tokens[start + position : start + position + drafted]
+        accepted = int(np.cumprod(copied == future).sum())
+        cost = price(drafted + 1)
+        chooser.observe(drafted + 1, match if drafted else 0, drafted, accepted, cost)
+        emitted, steps, position = emitted + accepted + 1, steps + cost, position + accepted + 1
+    return emitted, steps
+
+
+def replay(chooser, outputs, price, ngram, num_draft_tokens: int, repeats: int) -> dict[str, float]:
+    """Priced speedup over plain steps per category and overall; one chooser throughout."""
+    totals: dict[str, list[float]] = {}
+    for _ in range(repeats):
+        for category, prompt, output in outputs:
+            emitted, steps = replay_output(chooser, prompt, output, price, ngram, num_draft_tokens)
+            for key in (category, "overall"):
+                t = totals.setdefault(key, [0, 0.0])
+                t[0], t[1] = t[0] + emitted, t[1] + steps
+    return {k: tokens / steps for k, (tokens, steps) in totals.items() if steps}
+
+
+def bound(outputs, price, ngram, num_draft_tokens: int) -> dict[str, float]:
+    totals: dict[str, list[float]] = {}
+    for category, prompt, output in outputs:
+        for accepted in clairvoyant_rounds(prompt, output, ngram, num_draft_tokens) if output else []:
+            for key in (category, "overall"):
+                t = totals.setdefault(key, [0, 0.0])
+                t[0], t[1] = t[0] + accepted + 1, t[1] + price(accepted + 1)
+    return {k: tokens / steps for k, (tokens, steps) in totals.items() if steps}
+
+
+def decode(engine: Engine, per_category: int, max_tokens: int):
+    config = GenerationConfig(speculative=False, max_new_tokens=max_tokens)
+    outputs = []
+    for category, prompts in bench_prompts().items():
+        for prompt in prompts[:per_category]:
+            ids = engine.encode_prompt([{"role": "user", "content": prompt}])
+            outputs.append((category, ids, engine.generate_ids(ids, config, None)))
+    return outputs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("bundle")
+    parser.add_argument("--prompts-per-category", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--row-costs", type=float, nargs="*", default=[])
+    args = parser.parse_args()
+    with Engine(args.bundle) as engine:
+        settings = engine.settings(GenerationConfig())
+        ngram, gamma = settings.lookup_ngram, settings.num_draft_tokens
+        outputs = decode(engine, args.prompts_per_category, args.max_tokens)
+        costs = measure(engine.model, max_rows=gamma + 1)
+    timed = [pass_cost(costs, rows) / pass_cost(costs, 1) for rows in range(1, gamma + 2)]
+    prices = {"measured (" + " / ".join(f"{t:.2f}" for t in timed) + " steps for 1..{} rows)".format(gamma + 1):
+              lambda rows: timed[rows - 1]}
+    prices.update({f"1 + {c} (rows - 1)": (lambda rows, c=c: 1.0 + c * (rows - 1)) for c in args.row_costs})
+    for label, price in prices.items():
+        columns = {"default": replay(CopyLength(), outputs, price, ngram, gamma, args.repeats),
+                   "copy all": replay(CopyAll(), outputs, price, ngram, gamma, args.repeats),
+                   "fixed rule": replay(FixedRule(), outputs, price, ngram, gamma, args.repeats),
+                   "bound": bound(outputs, price, ngram, gamma)}
+        print(f"rounds priced at {label}")
+        print(f"{'category':14s} " + " ".join(f"{name:>10s}" for name in columns))
+        categories = [c for c in columns["bound"] if c != "overall"] + ["overall"]
+        for category in categories:
+            print(f"{category:14s} " + " ".join(f"{c.get(category, 1.0):9.3f}×" for c in columns.values()))
+
+
+if __name__ == "__main__":
+    from specdeploy.errors import run_script
+
+    run_script(main)
