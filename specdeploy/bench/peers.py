@@ -21,7 +21,7 @@ import numpy as np
 from .. import prompts as prompt_sets
 from ..bundle import manifest as manifest_io
 from ..errors import ConfigError
-from ..runtime.timing import paired_speedup
+from ..runtime.timing import repeat_speedups
 from . import peer_runners as runners
 from .sides import encode
 
@@ -134,8 +134,9 @@ def _results(config: PeerConfig, rows: list[Row], categories: list[str]) -> dict
             entry["skipped"] = row.skipped
         else:
             tps = row.tokens_per_second()
-            paired = paired_speedup(sum(map(len, row.outputs)), row.seconds, *base)  # by repeat, as bench's
-            entry.update(tokens_per_second=round(tps, 2), vs_reference=round(paired, 3),
+            ratios = repeat_speedups(sum(map(len, row.outputs)), row.seconds, *base) or [0.0]  # by repeat, as bench's
+            entry.update(tokens_per_second=round(tps, 2), vs_reference=round(float(np.median(ratios)), 3),
+                         vs_reference_range=[round(min(ratios), 3), round(max(ratios), 3)],
                          **_agreement(row.outputs, reference.outputs))
         table.append(entry)
     return {"reference": reference.name, "categories": categories, "max_new_tokens": config.max_new_tokens,
@@ -149,7 +150,9 @@ def markdown(results: dict) -> str:
         if "skipped" in r:
             lines.append(f"| {r['runtime']} | - | - | - | - | skipped: {r['skipped']} |")
         else:
-            lines.append(f"| {r['runtime']} | {r['tokens_per_second']:.1f} | {r['vs_reference']:.2f}× | "
+            low, high = r["vs_reference_range"]
+            spread = f" ({low:.2f}–{high:.2f})" if low != high else ""
+            lines.append(f"| {r['runtime']} | {r['tokens_per_second']:.1f} | {r['vs_reference']:.2f}×{spread} | "
                          f"{r['prompts_equal']}/{r['prompts']} | {r['mean_leading_equal']} | {r['note']} |")
     return "\n".join(lines)
 

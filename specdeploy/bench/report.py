@@ -6,13 +6,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..runtime.timing import ModeResult, paired_speedup
+from ..runtime.timing import ModeResult, paired_speedup, repeat_speedups
 
 
 def _mode_dict(mode: ModeResult, plain: ModeResult) -> dict:
     return {
         "tokens": mode.tokens, "tokens_per_second": round(mode.tokens_per_second, 2),
         "speedup": round(mode.speedup_over(plain), 3) if plain.tokens_per_second else None,
+        "speedup_range": _range(repeat_speedups(mode.tokens, mode.seconds, plain.tokens, plain.seconds)),
         "seconds_per_repeat": [round(s, 4) for s in mode.seconds],
         "acceptance_rate": round(mode.acceptance_rate, 4), "tokens_per_round": round(mode.tokens_per_round, 3),
         "time_to_first_token_ms": round(1000 * float(np.median(mode.first_token_s)), 1),
@@ -20,6 +21,11 @@ def _mode_dict(mode: ModeResult, plain: ModeResult) -> dict:
                           "acceptance_rate": round(a / d, 4) if d else 0.0}
                       for s, (r, d, a) in mode.by_source.items()},
     }
+
+
+def _range(ratios: list[float]) -> list[float] | None:
+    """Lowest and highest per-repeat speedup: how far the machine moved the ratio within this run."""
+    return [round(min(ratios), 3), round(max(ratios), 3)] if len(ratios) > 1 else None
 
 
 def _overall(categories, temperature) -> dict:
@@ -38,6 +44,7 @@ def _overall(categories, temperature) -> dict:
     plain = per_repeat["plain"]
     for name, v in out.items():
         v["speedup"] = round(paired_speedup(*per_repeat[name], *plain), 3) if plain[0] else None
+        v["speedup_range"] = _range(repeat_speedups(*per_repeat[name], *plain))
     return out
 
 
@@ -71,7 +78,7 @@ def markdown(results: dict) -> str:
              f"Machine: {results.get('machine', {}).get('processor', '?')}, "
              f"{results.get('machine', {}).get('cpu_count', '?')} cores. "
              f"{results['settings']['max_new_tokens']} new tokens, {results['settings']['repeats']} repeats "
-             f"(tok/s: the median repeat; speedups: the median of per-repeat ratios).", ""]
+             f"(tok/s: the median repeat; speedups: the median of per-repeat ratios, their range in parentheses).", ""]
     for temp, cats in results["results"].items():
         modes = list(next(iter(cats.values())))
         lines += [f"## temperature {temp}", "",
@@ -80,7 +87,7 @@ def markdown(results: dict) -> str:
         rows = list(cats.items()) + [("**overall**", results["overall"][temp])]
         for cat, r in rows:
             cells = [f"{r[m]['acceptance_rate']:.2f} / {r[m]['tokens_per_round']:.2f} / **{_x(r[m]['speedup'])}**"
-                     for m in modes if m != "plain"]
+                     + _spread(r[m].get("speedup_range")) for m in modes if m != "plain"]
             lines.append(f"| {cat} | {r['plain']['tokens_per_second']:.1f} | " + " | ".join(cells) + " |")
         lines.append("")
     if "lookup_bound" in results:
@@ -99,6 +106,10 @@ def markdown(results: dict) -> str:
                      f"speculative {mem['speculative']['peak_mb']:.0f} MB "
                      f"({100 * mem['speculative_overhead']:+.1f}%).")
     return "\n".join(lines) + "\n"
+
+
+def _spread(bounds) -> str:
+    return f" ({bounds[0]:.2f}–{bounds[1]:.2f})" if bounds else ""
 
 
 def _bound_lines(results: dict) -> list[str]:

@@ -46,11 +46,16 @@ class ModeResult:
     tokens_per_round = property(lambda self: self.totals.tokens_per_round)
 
 
-def paired_speedup(tokens: int, seconds: list[float], base_tokens: int, base_seconds: list[float]) -> float:
-    """Median over repeats of (tokens / seconds[r]) / (base_tokens / base_seconds[r]); 0 if unmeasured."""
+def repeat_speedups(tokens: int, seconds: list[float], base_tokens: int, base_seconds: list[float]) -> list[float]:
+    """(tokens / seconds[r]) / (base_tokens / base_seconds[r]) for each repeat r both sides measured."""
     if not base_tokens:
-        return 0.0
-    ratios = [tokens * b / (base_tokens * s) for s, b in zip(seconds, base_seconds) if s > 0 and b > 0]
+        return []
+    return [tokens * b / (base_tokens * s) for s, b in zip(seconds, base_seconds) if s > 0 and b > 0]
+
+
+def paired_speedup(tokens: int, seconds: list[float], base_tokens: int, base_seconds: list[float]) -> float:
+    """Median of the per-repeat speedups; 0 if unmeasured."""
+    ratios = repeat_speedups(tokens, seconds, base_tokens, base_seconds)
     return float(np.median(ratios)) if ratios else 0.0
 
 

@@ -158,4 +158,22 @@ def test_overall_speedup_pairs_repeats_summed_over_categories():
     overall = _overall(rows, 0.0)
     ratios = sorted([2.0 / 1.6, 4.0 / 1.6, 4.0 / 3.2])
     assert overall["hybrid"]["speedup"] == round(ratios[1], 3) == 1.25
+    assert overall["hybrid"]["speedup_range"] == [1.25, 2.5]
     assert overall["plain"]["speedup"] == 1.0
+
+
+def test_report_shows_each_speedups_spread_over_the_repeats(tmp_path):
+    from types import SimpleNamespace
+
+    from specdeploy.bench.report import markdown, summarise
+
+    plain = ModeResult(seconds=[1.0, 1.0, 1.0], outputs=[[1] * 10], first_token_s=[0.01])
+    hybrid = ModeResult(seconds=[0.8, 1.25, 1.0], outputs=[[1] * 10], first_token_s=[0.01])
+    manifest = SimpleNamespace(model=SimpleNamespace(name="m", num_layers=4), exit_layer=2, num_draft_tokens=4,
+                               draft_source="hybrid", precision="int4", lookup_ngram=(1, 4), calibration=None)
+    results = summarise(manifest, [CategoryResult(0.0, "chat", {"plain": plain, "hybrid": hybrid})],
+                        BenchConfig(bundle=tmp_path))
+    chat = results["results"]["0.0"]["chat"]["hybrid"]
+    assert chat["speedup"] == 1.0 and chat["speedup_range"] == [0.8, 1.25]
+    assert chat["seconds_per_repeat"] == [0.8, 1.25, 1.0]
+    assert "**1.00×** (0.80–1.25)" in markdown(results)
