@@ -137,6 +137,7 @@ def _results(config: PeerConfig, rows: list[Row], categories: list[str]) -> dict
             ratios = repeat_speedups(sum(map(len, row.outputs)), row.seconds, *base) or [0.0]  # by repeat, as bench's
             entry.update(tokens_per_second=round(tps, 2), vs_reference=round(float(np.median(ratios)), 3),
                          vs_reference_range=[round(min(ratios), 3), round(max(ratios), 3)],
+                         seconds_per_repeat=[round(s, 4) for s in row.seconds],
                          **_agreement(row.outputs, reference.outputs))
         table.append(entry)
     return {"reference": reference.name, "categories": categories, "max_new_tokens": config.max_new_tokens,
