@@ -3,8 +3,9 @@
 Modes run back to back on the same prompt before moving on, so machine noise hits all of them
 alike, in reverse order on odd repeats, so no mode always runs first after a prompt change. A
 speedup is the median over repeats of the ratio *within* each repeat: a VM whose speed moves by
-a fifth between repeats (measured here) moves both sides of that ratio alike, where a ratio of
-each mode's own median time can pair one mode's fast repeat with the other's slow one.
+a fifth between repeats (the Intel VM of docs/benchmarks.md) moves both sides of that ratio alike,
+where a ratio of each mode's own median time can pair one mode's fast repeat with the other's
+slow one.
 """
 from __future__ import annotations
 
