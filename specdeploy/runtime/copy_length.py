@@ -22,33 +22,54 @@ from ..constants import MAX_DRAFT_TOKENS, MAX_NGRAM
 
 
 class RowCosts:
-    """Decayed mean seconds of a round by the rows its verify pass carried."""
+    """Decayed mean seconds of a plain round, and of longer rounds relative to the plain rounds of
+    their moment.
+
+    A longer round is recorded as its seconds over the plain rounds' mean when it ran, not as
+    seconds: copies are rare where they rarely pay, so the last two-row rounds can be minutes old,
+    and a VM's speed moves by a fifth in that time (docs/benchmarks.md). Set against plain rounds
+    timed since, old seconds made a row look cheap after the machine slowed and dear after it sped
+    up; a ratio to the plain rounds around it moves with the machine, as the bench's paired
+    speedups do. On a machine whose speed holds, both give the same prices.
+    """
 
     MIN_WEIGHT = 3.0  # a row count's own mean is used once it has about this many rounds
 
     def __init__(self, decay: float = 0.9):
         self.decay = decay
-        self.seconds_sum = np.zeros(MAX_DRAFT_TOKENS + 2)  # [rows]
-        self.weight = np.zeros(MAX_DRAFT_TOKENS + 2)       # [rows]
+        self.plain_sum = 0.0                               # decayed seconds of plain rounds
+        self.relative_sum = np.zeros(MAX_DRAFT_TOKENS + 2)  # [rows] decayed seconds / plain mean
+        self.weight = np.zeros(MAX_DRAFT_TOKENS + 2)        # [rows]
 
     def add(self, rows: int, seconds: float) -> None:
-        self.seconds_sum[rows] = self.decay * self.seconds_sum[rows] + seconds
+        if rows == 1:
+            self.plain_sum = self.decay * self.plain_sum + seconds
+        elif self.weight[1] > 0:  # priced against the plain rounds of its moment
+            self.relative_sum[rows] = self.decay * self.relative_sum[rows] + seconds / self.plain_seconds
+        else:
+            return  # nothing to set it against yet (decoding starts with plain rounds)
         self.weight[rows] = self.decay * self.weight[rows] + 1.0
 
+    @property
+    def plain_seconds(self) -> float:
+        return self.plain_sum / self.weight[1]
+
     def seconds(self, max_rows: int) -> np.ndarray | None:
-        """Expected seconds of a round over 1..max_rows rows: [max_rows]; None until a plain round
-        and a longer one were seen. Row counts with few rounds of their own come from a line
-        through the plain rounds' mean and the longer rounds' slopes (weighted by their rounds)."""
+        """Expected seconds of a round over 1..max_rows rows at the plain rounds' current speed:
+        [max_rows]; None until a plain round and a longer one were seen. Row counts with few rounds
+        of their own come from a line through the plain rounds and the longer rounds' slopes
+        (weighted by their rounds)."""
         if self.weight[1] == 0 or not self.weight[2:].any():
             return None
-        mean = self.seconds_sum / np.maximum(self.weight, 1e-12)        # [rows]
+        relative = self.relative_sum / np.maximum(self.weight, 1e-12)    # [rows] in plain rounds
+        relative[1] = 1.0
         longer = np.flatnonzero(self.weight[2:]) + 2
-        slopes = (mean[longer] - mean[1]) / (longer - 1)
+        slopes = (relative[longer] - 1.0) / (longer - 1)
         slope = max(float(self.weight[longer] @ slopes / self.weight[longer].sum()), 0.0)
         rows = np.arange(1, max_rows + 1)
-        line = mean[1] + slope * (rows - 1)
+        line = 1.0 + slope * (rows - 1)
         own = self.weight[1 : max_rows + 1] >= self.MIN_WEIGHT
-        return np.where(own, mean[1 : max_rows + 1], line)
+        return self.plain_seconds * np.where(own, relative[1 : max_rows + 1], line)
 
 
 class CopyAcceptance:

@@ -28,6 +28,24 @@ def test_row_costs_price_unseen_rows_with_a_line_through_the_measured_ones():
     assert np.isclose(prices[1], 0.015) and 0.014 < prices[2] < 0.020
 
 
+def test_row_costs_follow_the_machine_when_its_speed_moves_between_copies():
+    """Two-row rounds cost 20% more than the plain rounds around them; then the machine slows to
+    half speed and only plain rounds run for a while: a row stays 20% of a plain round."""
+    costs = RowCosts()
+    for _ in range(10):
+        costs.add(1, 0.010)
+        costs.add(2, 0.012)
+    assert np.allclose(costs.seconds(2), [0.010, 0.012])  # a steady machine: the plain means
+    for _ in range(40):
+        costs.add(1, 0.020)
+    assert np.allclose(costs.seconds(3), [0.020, 0.024, 0.028], rtol=0.01)  # not the old rounds' 0.012
+    costs.add(2, 0.024)
+    assert np.allclose(costs.seconds(2), [0.020, 0.024], rtol=0.01)
+    fresh = RowCosts()
+    fresh.add(3, 0.015)  # before any plain round: nothing to price it against
+    assert fresh.weight[3] == 0 and fresh.seconds(3) is None
+
+
 def test_acceptance_counts_each_position_given_its_predecessors():
     acceptance = CopyAcceptance(decay=1.0)
     for _ in range(98):
@@ -112,6 +130,7 @@ def test_the_priced_table_is_the_best_length_for_every_match_and_offer():
     rng = np.random.default_rng(1)
     for _ in range(20):
         policy = CopyLength()
+        policy.observe(1, 0, 0, 0, 0.01)  # decoding starts with plain rounds: nothing is copied before one
         for _ in range(int(rng.integers(5, 80))):
             d = int(rng.integers(0, 5))
             match = int(rng.integers(1, 9)) if d else 0
