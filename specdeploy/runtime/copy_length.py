@@ -6,8 +6,9 @@ match offers is nearly free; with integer kernels an extra row can cost a third 
 and a rejected copy of four tokens loses more than a plain step gains. Both sides are measured as
 the engine runs, so the choice follows the machine and the text:
 
-* `RowCosts`: seconds of plain and lookup rounds by the rows they verified; a line through the
-  measured points prices row counts not yet seen;
+* `RowCosts`: seconds of plain rounds, and of lookup rounds by the rows they verified relative to
+  the plain rounds of their moment; a line through the measured points prices row counts not yet
+  seen;
 * `CopyAcceptance`: how often the j-th copied token was accepted once the ones before it were,
   per match length n (a 4-token match predicts its continuation better than a 1-token one).
 
