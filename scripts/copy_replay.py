@@ -21,6 +21,7 @@ import numpy as np
 
 from specdeploy import Engine, GenerationConfig
 from specdeploy.bench.bound import clairvoyant_rounds, pass_cost
+from specdeploy.bench.sides import encode
 from specdeploy.prompts import bench_prompts
 from specdeploy.runtime.copy_length import CopyLength
 from specdeploy.runtime.costs import measure
@@ -56,26 +57,25 @@ def replay_output(chooser, prompt: list[int], output: list[int], price, ngram, n
     return emitted, steps
 
 
+def _speedups(rounds) -> dict[str, float]:
+    """Tokens per plain step by category and overall, from (category, tokens, steps) items."""
+    totals: dict[str, list[float]] = {}
+    for category, tokens, steps in rounds:
+        for key in (category, "overall"):
+            t = totals.setdefault(key, [0, 0.0])
+            t[0], t[1] = t[0] + tokens, t[1] + steps
+    return {k: tokens / steps for k, (tokens, steps) in totals.items() if steps}
+
+
 def replay(chooser, outputs, price, ngram, num_draft_tokens: int, repeats: int) -> dict[str, float]:
     """Priced speedup over plain steps per category and overall; one chooser throughout."""
-    totals: dict[str, list[float]] = {}
-    for _ in range(repeats):
-        for category, prompt, output in outputs:
-            emitted, steps = replay_output(chooser, prompt, output, price, ngram, num_draft_tokens)
-            for key in (category, "overall"):
-                t = totals.setdefault(key, [0, 0.0])
-                t[0], t[1] = t[0] + emitted, t[1] + steps
-    return {k: tokens / steps for k, (tokens, steps) in totals.items() if steps}
+    return _speedups((category, *replay_output(chooser, prompt, output, price, ngram, num_draft_tokens))
+                     for _ in range(repeats) for category, prompt, output in outputs)
 
 
 def bound(outputs, price, ngram, num_draft_tokens: int) -> dict[str, float]:
-    totals: dict[str, list[float]] = {}
-    for category, prompt, output in outputs:
-        for accepted in clairvoyant_rounds(prompt, output, ngram, num_draft_tokens) if output else []:
-            for key in (category, "overall"):
-                t = totals.setdefault(key, [0, 0.0])
-                t[0], t[1] = t[0] + accepted + 1, t[1] + price(accepted + 1)
-    return {k: tokens / steps for k, (tokens, steps) in totals.items() if steps}
+    return _speedups((category, accepted + 1, price(accepted + 1)) for category, prompt, output in outputs
+                     for accepted in (clairvoyant_rounds(prompt, output, ngram, num_draft_tokens) if output else []))
 
 
 def decode(engine: Engine, per_category: int, max_tokens: int):
@@ -83,7 +83,7 @@ def decode(engine: Engine, per_category: int, max_tokens: int):
     outputs = []
     for category, prompts in bench_prompts().items():
         for prompt in prompts[:per_category]:
-            ids = engine.encode_prompt([{"role": "user", "content": prompt}])
+            ids = encode(engine, prompt)
             outputs.append((category, ids, engine.generate_ids(ids, config, None)))
     return outputs
 

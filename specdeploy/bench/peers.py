@@ -23,6 +23,7 @@ from ..bundle import manifest as manifest_io
 from ..errors import ConfigError
 from ..runtime.timing import repeat_speedups
 from . import peer_runners as runners
+from .report import speedup_range, spread
 from .sides import encode
 
 ALL_PEERS = ("ortgenai-fp32", "ortgenai-int8", "ortgenai-int4", "llama.cpp", "optimum", "hf")
@@ -134,9 +135,10 @@ def _results(config: PeerConfig, rows: list[Row], categories: list[str]) -> dict
             entry["skipped"] = row.skipped
         else:
             tps = row.tokens_per_second()
-            ratios = repeat_speedups(sum(map(len, row.outputs)), row.seconds, *base) or [0.0]  # by repeat, as bench's
-            entry.update(tokens_per_second=round(tps, 2), vs_reference=round(float(np.median(ratios)), 3),
-                         vs_reference_range=[round(min(ratios), 3), round(max(ratios), 3)],
+            ratios = repeat_speedups(sum(map(len, row.outputs)), row.seconds, *base)  # by repeat, as bench's
+            entry.update(tokens_per_second=round(tps, 2),
+                         vs_reference=round(float(np.median(ratios)), 3) if ratios else 0.0,
+                         vs_reference_range=speedup_range(ratios),
                          seconds_per_repeat=[round(s, 4) for s in row.seconds],
                          **_agreement(row.outputs, reference.outputs))
         table.append(entry)
@@ -151,9 +153,8 @@ def markdown(results: dict) -> str:
         if "skipped" in r:
             lines.append(f"| {r['runtime']} | - | - | - | - | skipped: {r['skipped']} |")
         else:
-            low, high = r["vs_reference_range"]
-            spread = f" ({low:.2f}–{high:.2f})" if low != high else ""
-            lines.append(f"| {r['runtime']} | {r['tokens_per_second']:.1f} | {r['vs_reference']:.2f}×{spread} | "
+            lines.append(f"| {r['runtime']} | {r['tokens_per_second']:.1f} | {r['vs_reference']:.2f}×"
+                         f"{spread(r['vs_reference_range'])} | "
                          f"{r['prompts_equal']}/{r['prompts']} | {r['mean_leading_equal']} | {r['note']} |")
     return "\n".join(lines)
 

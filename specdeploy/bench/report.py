@@ -13,7 +13,7 @@ def _mode_dict(mode: ModeResult, plain: ModeResult) -> dict:
     return {
         "tokens": mode.tokens, "tokens_per_second": round(mode.tokens_per_second, 2),
         "speedup": round(mode.speedup_over(plain), 3) if plain.tokens_per_second else None,
-        "speedup_range": _range(repeat_speedups(mode.tokens, mode.seconds, plain.tokens, plain.seconds)),
+        "speedup_range": speedup_range(repeat_speedups(mode.tokens, mode.seconds, plain.tokens, plain.seconds)),
         "seconds_per_repeat": [round(s, 4) for s in mode.seconds],
         "acceptance_rate": round(mode.acceptance_rate, 4), "tokens_per_round": round(mode.tokens_per_round, 3),
         "time_to_first_token_ms": round(1000 * float(np.median(mode.first_token_s)), 1),
@@ -23,7 +23,7 @@ def _mode_dict(mode: ModeResult, plain: ModeResult) -> dict:
     }
 
 
-def _range(ratios: list[float]) -> list[float] | None:
+def speedup_range(ratios: list[float]) -> list[float] | None:
     """Lowest and highest per-repeat speedup: how far the machine moved the ratio within this run."""
     return [round(min(ratios), 3), round(max(ratios), 3)] if len(ratios) > 1 else None
 
@@ -44,7 +44,7 @@ def _overall(categories, temperature) -> dict:
     plain = per_repeat["plain"]
     for name, v in out.items():
         v["speedup"] = round(paired_speedup(*per_repeat[name], *plain), 3) if plain[0] else None
-        v["speedup_range"] = _range(repeat_speedups(*per_repeat[name], *plain))
+        v["speedup_range"] = speedup_range(repeat_speedups(*per_repeat[name], *plain))
     return out
 
 
@@ -87,7 +87,7 @@ def markdown(results: dict) -> str:
         rows = list(cats.items()) + [("**overall**", results["overall"][temp])]
         for cat, r in rows:
             cells = [f"{r[m]['acceptance_rate']:.2f} / {r[m]['tokens_per_round']:.2f} / **{_x(r[m]['speedup'])}**"
-                     + _spread(r[m].get("speedup_range")) for m in modes if m != "plain"]
+                     + spread(r[m].get("speedup_range")) for m in modes if m != "plain"]
             lines.append(f"| {cat} | {r['plain']['tokens_per_second']:.1f} | " + " | ".join(cells) + " |")
         lines.append("")
     if "lookup_bound" in results:
@@ -108,8 +108,9 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _spread(bounds) -> str:
-    return f" ({bounds[0]:.2f}–{bounds[1]:.2f})" if bounds else ""
+def spread(bounds) -> str:
+    """A speedup's per-repeat range as " (low–high)"; nothing where the repeats agree or were one."""
+    return f" ({bounds[0]:.2f}–{bounds[1]:.2f})" if bounds and bounds[0] != bounds[1] else ""
 
 
 def _bound_lines(results: dict) -> list[str]:

@@ -7,8 +7,8 @@ def test_speedup_pairs_each_repeat_with_its_own_baseline():
     that began during repeat 2); within repeats 1 and 3 both ran alike, the mode 10% faster."""
     plain, mode = [1.0, 1.0, 2.0], [1.0 / 1.1, 2.0, 2.0 / 1.1]
     assert abs(paired_speedup(100, mode, 100, plain) - 1.1) < 1e-12
-    # a ratio of each mode's own median time pairs plain's fast repeat with the mode's slow one
-    assert sorted(plain)[1] / sorted(mode)[1] < 0.6
+    # (a ratio of each mode's own median time would pair plain's 1.0 with the mode's 1.82: 0.55x)
+
 
 def test_speedup_counts_tokens_and_skips_unmeasured_repeats():
     assert abs(paired_speedup(120, [1.0, 1.0], 100, [1.0, 1.0]) - 1.2) < 1e-12
