@@ -10,7 +10,8 @@ the engine runs, so the choice follows the machine and the text:
   the plain rounds of their moment; a line through the measured points prices row counts not yet
   seen;
 * `CopyAcceptance`: how often the j-th copied token was accepted once the ones before it were,
-  per match length n (a 4-token match predicts its continuation better than a 1-token one).
+  per evidence class of the match (its length: a 4-token match predicts its continuation better
+  than a 1-token one; and whether the text contradicted it before: `find_continuation`).
 
 Greedy output does not depend on the choice, only its speed; sampled rounds copy what the match
 offers, so a seed's text never depends on what the machine measured.
@@ -20,6 +21,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..constants import MAX_DRAFT_TOKENS, MAX_NGRAM
+
+CONTESTED = MAX_NGRAM + 1      # added to a match's length when its n-gram went on otherwise before
+EVIDENCE_CLASSES = 2 * CONTESTED  # 0 (no match), lengths 1..MAX_NGRAM, and the same contested
 
 
 class RowCosts:
@@ -74,14 +78,14 @@ class RowCosts:
 
 
 class CopyAcceptance:
-    """Decayed counts of the j-th copied token accepted after its predecessors, per match length."""
+    """Decayed counts of the j-th copied token accepted after its predecessors, per evidence class."""
 
     PRIOR = (1.0, 2.0)  # one acceptance in two tries: an unseen first copy starts at a coin flip
 
     def __init__(self, decay: float = 0.98):
         self.decay = decay
-        self.accepted = np.zeros((MAX_NGRAM + 1, MAX_DRAFT_TOKENS))  # [n, j]
-        self.tried = np.zeros((MAX_NGRAM + 1, MAX_DRAFT_TOKENS))     # [n, j]
+        self.accepted = np.zeros((EVIDENCE_CLASSES, MAX_DRAFT_TOKENS))  # [n, j] by evidence class n
+        self.tried = np.zeros((EVIDENCE_CLASSES, MAX_DRAFT_TOKENS))     # [n, j]
 
     def add(self, match: int, drafted: int, accepted: int) -> None:
         """A round copied `drafted` tokens after an n-token match; the first `accepted` were kept."""
@@ -95,12 +99,12 @@ class CopyAcceptance:
         return self.expected_table(available)[match]
 
     def expected_table(self, available: int) -> np.ndarray:
-        """Expected tokens by match length n and copy length d = 0..available: [n, available + 1].
+        """Expected tokens by evidence class n and copy length d = 0..available: [n, available + 1].
 
-        A position this match length has rarely reached borrows what every match length shows
+        A position this class has rarely reached borrows what every class shows
         there: once a copy has been accepted, the next copied token usually is too (copied text
         goes on), and a coin-flip prior would keep long matches copying one token at a time.
-        Where no match length has reached a later position yet, it starts from what first copies
+        Where no class has reached a later position yet, it starts from what first copies
         show: with a coin flip there, a passage repeated verbatim (every copy accepted) kept
         copying one token a round when one slow round had made a second copy look dear, since
         no second copy was ever tried to prove the flip wrong.
@@ -118,7 +122,7 @@ class CopyAcceptance:
 class CopyLength:
     """Chooses a greedy lookup round's length; 0 means a plain step pays better than any copy.
 
-    The lengths are priced into a table (by match length and tokens offered) every REFRESH
+    The lengths are priced into a table (by evidence class and tokens offered) every REFRESH
     observed rounds rather than at every match: the measurements move a little each round, and
     pricing them at every match cost more than a percent of a step on the CPU (cold caches after
     each pass make a hundred small numpy calls slow), which lost what the copies won on text
@@ -158,8 +162,8 @@ class CopyLength:
         return best
 
     def _price(self) -> np.ndarray:
-        """Best copy length by match length and tokens offered: [n, offered]; kept once priced."""
-        shape = (MAX_NGRAM + 1, MAX_DRAFT_TOKENS + 1)
+        """Best copy length by evidence class and tokens offered: [n, offered]; kept once priced."""
+        shape = (EVIDENCE_CLASSES, MAX_DRAFT_TOKENS + 1)
         if self.costs.weight[1] == 0:
             return np.zeros(shape, np.int64)  # a plain round first: every copy is priced against it
         prices = self.costs.seconds(MAX_DRAFT_TOKENS + 1)                     # [d + 1]

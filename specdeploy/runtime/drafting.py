@@ -12,7 +12,7 @@ import numpy as np
 
 from ..config import SamplingParams
 from ..constants import MAX_DRAFT_TOKENS, PLAIN
-from .copy_length import CopyLength
+from .copy_length import CONTESTED, CopyLength
 from .sampling import sample, warp
 from .settings import DecodeSettings
 from .split_model import SplitModel
@@ -24,7 +24,7 @@ class Draft:
     probs: np.ndarray | None  # [m, V] warped draft distributions, None when one-hot
     hidden: np.ndarray        # [m+1, H] h_k rows of the pending token and each draft
     source: str
-    match: int = 0            # a greedy lookup round: how far back its match agrees (0: any other)
+    match: int = 0            # a greedy lookup round: its match's evidence class (find_continuation; 0: any other)
 
 
 class EarlyExitDrafter:
@@ -86,21 +86,29 @@ def find_continuation(history: np.ndarray, num_draft_tokens: int, ngram_min: int
 
     A single-token match is weak evidence: it copies one token. On a CPU a drafted row costs a
     tenth to a quarter of a step, and longer copies after one matching token are mostly rejected.
-    `match` counts how far back the match agrees, past the n-gram (up to MATCH_CAP): text being
-    copied agrees far back, and its continuation is far likelier to be accepted. Every round
-    searches, between passes that leave the caches cold, so the search is a few byte searches
-    in C (longest n-gram first) rather than numpy calls or a Python loop over the history: those
-    cost 1% of a step where copies rarely pay.
+    `match` is the evidence class the copy's acceptance is learned by: how far back the match
+    agrees, past the n-gram (up to MATCH_CAP), since text being copied agrees far back and its
+    continuation is far likelier to be accepted; plus CONTESTED when the n-gram occurred once more
+    before and went on with another token there. Such a match is the text's own counter-example:
+    on the example's greedy int4 outputs a first copy after a one-token match was accepted 11% of
+    the time when contested and 30% when not (docs/benchmarks.md). Every round searches, between
+    passes that leave the caches cold, so the search is a few byte searches in C (longest n-gram
+    first) rather than numpy calls or a Python loop over the history: those cost 1% of a step
+    where copies rarely pay.
     """
     last, width = len(history) - 1, history.itemsize
     longest = min(ngram_max, last)
     earlier, suffix = history[:last].tobytes(), history[last + 1 - longest :].tobytes()  # width bytes a token
     for n in range(longest, ngram_min - 1, -1):
-        at = _last_occurrence(earlier, suffix[(longest - n) * width :], width)
+        needle = suffix[(longest - n) * width :]
+        at = _last_occurrence(earlier, needle, width)
         if at >= 0:
+            before = _last_occurrence(earlier[: (at + n - 1) * width], needle, width)  # the one before it
+            contested = bool(before >= 0 and history[before + n] != history[at + n])
             at += n - 1  # where the earlier n-gram ends
             take = num_draft_tokens if n > 1 else min(num_draft_tokens, 1)
-            return history[at + 1 : at + 1 + take], _agreement(history, at, max(MATCH_CAP, ngram_max))
+            match = _agreement(history, at, max(MATCH_CAP, ngram_max))
+            return history[at + 1 : at + 1 + take], match + CONTESTED * contested
     return history[:0], 0
 
 

@@ -1,6 +1,6 @@
 import numpy as np
 
-from specdeploy.runtime.copy_length import CopyAcceptance, CopyLength, RowCosts
+from specdeploy.runtime.copy_length import CONTESTED, CopyAcceptance, CopyLength, RowCosts
 
 
 def _run(policy: CopyLength, rounds: int, step_s: float, row_s: float, accept, match: int = 2,
@@ -117,6 +117,18 @@ def test_match_lengths_are_priced_apart():
             d = policy.choose(match, 4)
             policy.observe(d + 1, match if d else 0, d, accept(d), 0.010 + 0.003 * d)
     assert policy.choose(1, 4) == 0 and policy.choose(4, 4) == 4
+
+
+def test_contested_matches_are_priced_apart_from_the_rest_of_their_length():
+    """One-token matches whose n-gram went on otherwise before are rejected, the others mostly
+    accepted: pooled, a copy pays at 60% of tries (0.5 tokens for 0.3 of a step); apart, only the
+    uncontested ones are copied."""
+    policy = CopyLength()
+    for _ in range(150):
+        for match, accept in ((1, lambda d: min(d, 1)), (1 + CONTESTED, lambda d: 0), (1, lambda d: min(d, 1))):
+            d = policy.choose(match, 1)
+            policy.observe(d + 1, match if d else 0, d, accept(d), 0.010 + 0.003 * d)
+    assert policy.choose(1, 1) == 1 and policy.choose(1 + CONTESTED, 1) == 0
 
 
 def _priced_now(policy: CopyLength, match: int, available: int) -> int:

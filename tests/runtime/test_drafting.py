@@ -3,6 +3,7 @@ import pytest
 
 from specdeploy.errors import ConfigError
 from specdeploy.config import check_ngram
+from specdeploy.runtime.copy_length import CONTESTED
 from specdeploy.runtime.drafting import Draft, HybridDrafter, LookupDrafter, find_continuation
 from specdeploy.config import SamplingParams
 from specdeploy.runtime.settings import DecodeSettings
@@ -20,8 +21,8 @@ def test_lookup_prefers_longest_most_recent_match():
     # suffix [1, 2, 3] matched at 0 -> continuation [9, 9, 7, ...]; [2, 3] alone would match later
     tokens, n = find_continuation(history, 3, 2, 4)
     assert (tokens.tolist(), n) == ([9, 9, 7], 3)
-    tokens, n = find_continuation(history, 10, 2, 2)
-    assert (tokens.tolist(), n) == ([4, 5, 6, 1, 2, 3], 2)
+    tokens, n = find_continuation(history, 10, 2, 2)  # [2, 3] went on with 9 the time before
+    assert (tokens.tolist(), n) == ([4, 5, 6, 1, 2, 3], 2 + CONTESTED)
 
 
 def test_lookup_reports_how_far_back_the_match_agrees():
@@ -30,6 +31,16 @@ def test_lookup_reports_how_far_back_the_match_agrees():
     assert (tokens.tolist(), match) == ([9, 8], 5)
     copied = np.array([*range(20), *range(20)])
     assert find_continuation(copied, 2, 2, 4)[1] == 8  # capped
+
+
+def test_a_match_the_text_went_on_from_otherwise_before_is_contested():
+    # [3] occurred twice before: followed by 4 most recently, by 9 the time before
+    tokens, match = find_continuation(np.array([3, 9, 1, 3, 4, 2, 3]), 2, 1, 4)
+    assert (tokens.tolist(), match) == ([4], 1 + CONTESTED)
+    tokens, match = find_continuation(np.array([3, 4, 1, 3, 4, 2, 3]), 2, 1, 4)  # both times by 4
+    assert (tokens.tolist(), match) == ([4], 1)
+    assert find_continuation(np.array([3, 9, 2, 3]), 2, 1, 4)[1] == 1  # one occurrence: nothing against it
+    assert find_continuation(np.array([3, 3, 3]), 2, 1, 4)[1] < CONTESTED  # overlapping: went on alike
 
 
 def test_lookup_without_match_is_empty():
@@ -171,13 +182,17 @@ def test_lookup_length_is_priced_at_greedy_only():
 
 def _reference_continuation(history, num_draft_tokens, ngram_min, ngram_max):
     """The definition, searched the slow way: longest suffix n-gram first, its most recent match,
-    and how many tokens ending there equal the last ones (at most max(8, ngram_max))."""
+    how many tokens ending there equal the last ones (at most max(8, ngram_max)), and CONTESTED
+    added when the match before it went on with another token."""
     for n in range(min(ngram_max, len(history) - 1), ngram_min - 1, -1):
-        for at in range(len(history) - 1 - n, -1, -1):
-            if history[at : at + n].tolist() == history[len(history) - n :].tolist():
-                cap = min(max(8, ngram_max), at + n)
-                agree = next((k for k in range(cap) if history[at + n - 1 - k] != history[-1 - k]), cap)
-                return history[at + n : at + n + (num_draft_tokens if n > 1 else 1)].tolist(), agree
+        found = [at for at in range(len(history) - 1 - n, -1, -1)
+                 if history[at : at + n].tolist() == history[len(history) - n :].tolist()]
+        if found:
+            at = found[0]
+            cap = min(max(8, ngram_max), at + n)
+            agree = next((k for k in range(cap) if history[at + n - 1 - k] != history[-1 - k]), cap)
+            contested = len(found) > 1 and history[found[1] + n] != history[at + n]
+            return history[at + n : at + n + (num_draft_tokens if n > 1 else 1)].tolist(), agree + CONTESTED * contested
     return [], 0
 
 
