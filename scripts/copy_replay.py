@@ -7,11 +7,14 @@ default decodes it: the lookup search of the runtime, and copy lengths chosen by
 `CopyLength`, whose measurements carry over from category to category and repeat to repeat as in
 one engine. Each round is priced in plain steps, a round verifying r rows at cost(r) / cost(1):
 from passes timed here (`measured`), and from each --row-costs c as 1 + c (r - 1). Beside the
-default: copying all a match offers, a fixed rule (one token after a 2-token agreement, all of it
-after 4), and the clairvoyant bound of the bench's report. Greedy output does not depend on these
-choices, so the replay prices exactly the rounds decoding would run, under timings that do not
-move: what separates a choice that wins from one that only met a fast moment of the machine.
-The default's early-exit probes are not replayed (a few rounds a run).
+default: its pricing with contested matches pooled (before they had classes of their own), copying
+all a match offers, a fixed rule (one token after a 2-token agreement, all of it after 4), and the
+clairvoyant bound of the bench's report. Greedy output does not depend on these choices, so the
+replay prices exactly the rounds decoding would run, under timings that do not move: what
+separates a choice that wins from one that only met a fast moment of the machine.
+The default's early-exit probes are not replayed (a few rounds a run). Last, how often a first
+copy would be accepted at every position of the outputs, by the match's evidence class (its
+agreement, contested or not): what the classes separate.
 """
 from __future__ import annotations
 
@@ -23,22 +26,10 @@ from specdeploy import Engine, GenerationConfig
 from specdeploy.bench.bound import clairvoyant_rounds, pass_cost
 from specdeploy.bench.sides import encode
 from specdeploy.prompts import bench_prompts
-from specdeploy.runtime.copy_length import CopyLength
+from specdeploy.bench.policies import CopyAll, FixedRule, Pooled
+from specdeploy.runtime.copy_length import CONTESTED, CopyLength
 from specdeploy.runtime.costs import measure
 from specdeploy.runtime.drafting import find_continuation
-
-
-class CopyAll:
-    def choose(self, match: int, offered: int) -> int:
-        return offered
-
-    def observe(self, *round_) -> None:
-        pass
-
-
-class FixedRule(CopyAll):
-    def choose(self, match: int, offered: int) -> int:
-        return 0 if match < 2 else (1 if match < 4 else offered)
 
 
 def replay_output(chooser, prompt: list[int], output: list[int], price, ngram, num_draft_tokens: int):
@@ -78,6 +69,20 @@ def bound(outputs, price, ngram, num_draft_tokens: int) -> dict[str, float]:
                      for accepted in (clairvoyant_rounds(prompt, output, ngram, num_draft_tokens) if output else []))
 
 
+def first_copy_acceptance(outputs, ngram, num_draft_tokens: int) -> dict[tuple[int, bool], list[int]]:
+    """[positions, first copies accepted] by (agreement up to 4, contested), over every position
+    of every output where the search finds a match."""
+    counts: dict[tuple[int, bool], list[int]] = {}
+    for _, prompt, output in outputs:
+        tokens = np.asarray(list(prompt) + list(output), np.int64)
+        for position in range(1, len(output)):
+            offered, match = find_continuation(tokens[: len(prompt) + position], num_draft_tokens, *ngram)
+            if len(offered):
+                c = counts.setdefault((min(match % CONTESTED, 4), match >= CONTESTED), [0, 0])
+                c[0], c[1] = c[0] + 1, c[1] + int(offered[0] == tokens[len(prompt) + position])
+    return counts
+
+
 def decode(engine: Engine, per_category: int, max_tokens: int):
     config = GenerationConfig(speculative=False, max_new_tokens=max_tokens)
     outputs = []
@@ -107,6 +112,7 @@ def main() -> None:
     prices.update({f"1 + {c} (rows - 1)": (lambda rows, c=c: 1.0 + c * (rows - 1)) for c in args.row_costs})
     for label, price in prices.items():
         columns = {"default": replay(CopyLength(), outputs, price, ngram, gamma, args.repeats),
+                   "pooled": replay(Pooled(), outputs, price, ngram, gamma, args.repeats),
                    "copy all": replay(CopyAll(), outputs, price, ngram, gamma, args.repeats),
                    "fixed rule": replay(FixedRule(), outputs, price, ngram, gamma, args.repeats),
                    "bound": bound(outputs, price, ngram, gamma)}
@@ -115,6 +121,11 @@ def main() -> None:
         categories = [c for c in columns["bound"] if c != "overall"] + ["overall"]
         for category in categories:
             print(f"{category:14s} " + " ".join(f"{c.get(category, 1.0):9.3f}×" for c in columns.values()))
+    print("first copies accepted, every position, by agreement (4: 4 or more): uncontested | contested")
+    counts = first_copy_acceptance(outputs, ngram, gamma)
+    for agreement in range(1, 5):
+        cells = [f"{a / n:.2f} of {n}" if n else "-" for n, a in (counts.get((agreement, c), (0, 0)) for c in (False, True))]
+        print(f"  {agreement}: " + " | ".join(cells))
 
 
 if __name__ == "__main__":

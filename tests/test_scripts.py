@@ -31,7 +31,7 @@ def test_copy_length_ab_runs_and_checks_identity(tiny_bundle):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     lines = [line for line in out.stdout.splitlines() if not line.startswith("round ms by verify rows")]
-    assert len(lines) == 8 and lines[-1].startswith("overall") and "priced" in lines[0]
+    assert len(lines) == 8 and lines[-1].startswith("overall") and "priced" in lines[0] and "pooled" in lines[0]
 
 
 def test_memory_breakdown_reports_every_loading_step(tiny_bundle):
@@ -257,6 +257,14 @@ def test_copy_replay_prices_the_rounds_decoding_would_run():
     assert priced["b"] == 1.0 and priced["a"] > 1.0 and priced["a"] > priced["overall"] > 1.0
 
 
+def test_copy_replay_counts_first_copies_by_evidence_class():
+    """[3] went on with 9, then 4: the next [3] is contested (its copy, 4, is wrong: 7 follows);
+    7 has no match; [5] and then [5, 6] went on one way once: uncontested (both right)."""
+    replay = _copy_replay()
+    counts = replay.first_copy_acceptance([("a", [3, 9, 3, 4, 5, 6, 8], [3, 7, 5, 6, 8])], (1, 4), 4)
+    assert counts == {(1, True): [1, 0], (1, False): [1, 1], (2, False): [1, 1]}
+
+
 def test_copy_replay_runs_on_a_bundle(tiny_bundle):
     import subprocess
     import sys
@@ -267,5 +275,6 @@ def test_copy_replay_runs_on_a_bundle(tiny_bundle):
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert sum(line.startswith("rounds priced at") for line in lines) == 2
-    assert lines[1].split() == ["category", "default", "copy", "all", "fixed", "rule", "bound"]
+    assert lines[1].split() == ["category", "default", "pooled", "copy", "all", "fixed", "rule", "bound"]
     assert sum(line.startswith("overall") for line in lines) == 2
+    assert lines[-5].startswith("first copies accepted") and lines[-1].startswith("  4:")
