@@ -103,7 +103,7 @@ def find_continuation(history: np.ndarray, num_draft_tokens: int, ngram_min: int
         needle = suffix[(longest - n) * width :]
         at = _last_occurrence(earlier, needle, width)
         if at >= 0:
-            before = _last_occurrence(earlier[: (at + n - 1) * width], needle, width)  # the one before it
+            before = _last_occurrence(earlier, needle, width, (at + n - 1) * width)  # the one before it
             contested = bool(before >= 0 and history[before + n] != history[at + n])
             at += n - 1  # where the earlier n-gram ends
             take = num_draft_tokens if n > 1 else min(num_draft_tokens, 1)
@@ -112,9 +112,9 @@ def find_continuation(history: np.ndarray, num_draft_tokens: int, ngram_min: int
     return history[:0], 0
 
 
-def _last_occurrence(haystack: bytes, needle: bytes, width: int) -> int:
-    """Token index where the last token-aligned occurrence of `needle` starts, or -1."""
-    end = len(haystack)
+def _last_occurrence(haystack: bytes, needle: bytes, width: int, end: int | None = None) -> int:
+    """Token index where the last token-aligned occurrence of `needle` within haystack[:end] starts, or -1."""
+    end = len(haystack) if end is None else end
     while True:
         at = haystack.rfind(needle, 0, end)
         if at < 0 or at % width == 0:
