@@ -143,6 +143,19 @@ def test_round_overhead_times_the_drafters_choices_while_decoding(tiny_bundle):
     assert "100.00% of a round" in out.stdout
 
 
+def test_pass_costs_prints_each_runs_row_prices_both_ways_and_their_spread(tiny_bundle):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "pass_costs.py"), str(tiny_bundle),
+                          "--runs", "2", "--max-rows", "3"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    runs = [line.split() for line in out.stdout.splitlines() if line.startswith("run ")]
+    assert len(runs) == 4 and all(len(run[-2:]) == 2 and float(run[-1]) > 0 for run in runs)
+    for label in ("mean", "sd", "min", "max"):
+        assert sum(line.split()[0] == label for line in out.stdout.splitlines()) == 2
+
+
 def test_offset_cost_prices_the_term_on_probe_copies_that_keep_its_ops_or_drop_it(tiny_bundle, tmp_path):
     """The probes are what they say: folded is what `quantize` makes by default (the same arrays);
     thin tables keep every op with one-column tables; no term leaves the graphs with no offset op at
@@ -222,7 +235,7 @@ def test_step_profile_counts_each_op_types_kernels_a_step(tiny_bundle):
 
 @pytest.mark.parametrize("script, bundles", [("arena_ab", 1), ("huge_pages_ab", 1), ("prefill_ab", 1), ("copy_length_ab", 1), ("outlier_channels", 1),
                                              ("quality_compare", 2), ("round_overhead", 1),
-                                             ("offset_cost", 1), ("step_profile", 1)])
+                                             ("offset_cost", 1), ("step_profile", 1), ("pass_costs", 1)])
 def test_a_script_given_no_bundle_says_so_in_one_line(script, bundles, tmp_path):
     import subprocess
     import sys

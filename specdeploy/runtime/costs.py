@@ -13,14 +13,34 @@ import numpy as np
 from .split_model import SplitModel
 
 
-def _median_time(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - began)
-    return float(np.median(times))
+def interleaved_times(calls: dict, repeats: int) -> dict:
+    """Seconds of every call in `calls` per repeat: {key: [repeats]}, the calls taken in turn.
+
+    A VM's speed drifts by a fifth within a minute (docs/benchmarks.md): timed one after the other,
+    fifteen passes over one row and then fifteen over two set the second row against another
+    moment of the machine, and twelve such measurements of one bundle priced it at 1.11 to 1.51
+    steps. Taken in turn (the order reversed every other repeat), each repeat times every call at
+    about the same moment, so ratios within a repeat hold while the machine moves (1.17 to 1.30).
+    """
+    for fn in calls.values():
+        fn()  # warm-up
+    keys, times = list(calls), {key: [] for key in calls}
+    for repeat in range(repeats):
+        for key in (keys if repeat % 2 == 0 else keys[::-1]):
+            began = time.perf_counter()
+            calls[key]()
+            times[key].append(time.perf_counter() - began)
+    return times
+
+
+def _paired(times: list[float], baseline: list[float]) -> float:
+    """Median seconds of `baseline` times the ratio of `times` to it, within repeats: the geometric
+    mean over each two repeats (taken in opposite orders, so a steady drift cancels), then the
+    median over those pairs (so one slow moment does not)."""
+    ratios = np.asarray(times) / np.asarray(baseline)                      # [repeats]
+    pairs = ratios[: len(ratios) // 2 * 2].reshape(-1, 2)                    # [repeats // 2, 2]
+    paired = np.sqrt(pairs.prod(axis=1)) if len(pairs) else ratios
+    return float(np.median(baseline) * np.median(paired))
 
 
 @dataclass(frozen=True)
@@ -51,17 +71,20 @@ class CostModel:
 
 
 def measure(model: SplitModel, max_rows: int, repeats: int = 15) -> CostModel:
+    """The cost model of `model` on this machine: passes at a valid length of 32, every row count
+    and head timed in turn (`interleaved_times`), rows priced against the same repeat's one row."""
     m = model.manifest
     k, layers = m.exit_layer, m.model.num_layers
     base = 32  # time at a realistic valid length
     prompt = list(range(3, 3 + base))
     model.verify_pass(model.draft_pass(prompt, 0).copy(), 0)
     one = model.draft_pass([5], base).copy()                      # [1, H]
-    draft = _median_time(lambda: model.draft_pass([5], base), repeats)
-    verify, head = {}, {}
+    calls = {"draft": lambda: model.draft_pass([5], base), "draft_head": lambda: model.draft_logits(one)}
     for rows in range(1, max_rows + 1):
         hidden = np.repeat(one, rows, axis=0)                   # [rows, H]
-        verify[rows] = _median_time(lambda h=hidden: model.verify_pass(h, base), repeats) / (layers - k)
-        head[rows] = _median_time(lambda h=hidden: model.logits(h), repeats)
-    draft_head = _median_time(lambda: model.draft_logits(one), repeats)
-    return CostModel(layers, draft / k, verify, head, draft_head)
+        calls["verify", rows] = lambda h=hidden: model.verify_pass(h, base)
+        calls["head", rows] = lambda h=hidden: model.logits(h)
+    t = interleaved_times(calls, repeats)
+    verify = {rows: _paired(t["verify", rows], t["verify", 1]) / (layers - k) for rows in range(1, max_rows + 1)}
+    head = {rows: _paired(t["head", rows], t["head", 1]) for rows in range(1, max_rows + 1)}
+    return CostModel(layers, float(np.median(t["draft"])) / k, verify, head, float(np.median(t["draft_head"])))
