@@ -67,6 +67,7 @@ def test_corrupt_and_foreign_bundles_are_one_line_errors(tiny_bundle, tmp_path):
 def test_inspect_and_plain_flags(tiny_bundle):
     result = run("inspect", tiny_bundle)
     assert result.exit_code == 0 and "exit layer 2" in result.output and "verify.onnx" in result.output
+    assert "early exit  agrees with the full model on" in result.output  # measured at export
     result = run("generate", tiny_bundle, "w3 w4", "--no-speculation", "--greedy", "--max-new-tokens", 5, "--raw")
     assert result.exit_code == 0 and "[plain]" in result.output
 

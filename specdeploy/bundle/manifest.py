@@ -70,6 +70,7 @@ class Manifest:
     quality: dict | None = None
     tensorrt: dict | None = None              # engines built for one TensorRT version and GPU
     row_check: dict | None = None             # runtime.row_check result: passed, max_diff, machine
+    exit_agreement: float | None = None       # runtime.exit_agreement: draft head vs full model, held-out text
     opset: int = DEFAULT_OPSET              # 23 = ScatterND KV writes, for ONNX Runtime < 1.25
     kv_spare_rows: int = 0                    # KV rows past max_context: fused attention's padded row
     schema_version: int = SCHEMA_VERSION
@@ -80,6 +81,12 @@ class Manifest:
     def kv_shape(self) -> tuple[int, int, int, int]:
         m = self.model
         return (1, m.num_kv_heads, self.max_context + self.kv_spare_rows, m.head_dim)
+
+    @property
+    def exit_agreement_floor(self) -> float:
+        """Half the draft graph's share of layers: an exit agreeing with the full model less often
+        than this never pays for the draft pass its rounds add (runtime.exit_agreement)."""
+        return self.exit_layer / (2 * self.model.num_layers)
 
     def graph(self, name: str) -> GraphInfo:
         if name not in self.graphs:

@@ -13,7 +13,7 @@ from pathlib import Path
 from ..bundle import io_names
 from ..bundle import manifest as manifest_io
 from ..bundle.manifest import GraphInfo, Manifest
-from ..runtime import row_check
+from ..runtime import exit_agreement, row_check
 
 
 def decoder_graphs(k: int, num_layers: int) -> dict[str, GraphInfo]:
@@ -119,6 +119,8 @@ def write_bundle(model, tokenizer, config, staging: Path, draft: DraftHead | Non
         extra["validation_max_abs_diff"] = diffs
         echo(f"validated against the PyTorch reference: max |logit difference| {max(diffs.values()):.2g}")
     manifest = manifest.replace(row_check=row_check.require(staging, manifest, echo))
+    manifest = manifest.replace(exit_agreement=exit_agreement.measure_bundle(staging, manifest))
+    echo(exit_agreement.describe(manifest))
     manifest_io.write(staging, manifest)
     return manifest
 

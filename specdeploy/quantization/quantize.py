@@ -155,7 +155,7 @@ def quantize_bundle(bundle: Path, precision: str, draft_precision: str | None = 
     """
     require("onnx", "export", "quantizing a bundle")
     from ..bundle import weights
-    from ..runtime import row_check
+    from ..runtime import exit_agreement, row_check
 
     bundle = Path(bundle)
     manifest = manifest_io.read(bundle)
@@ -197,6 +197,8 @@ def quantize_bundle(bundle: Path, precision: str, draft_precision: str | None = 
     manifest = manifest.replace(graphs=graphs, precision=label, row_check=None, extra=extra,
                                 kv_spare_rows=int(unfused is None))
     manifest = manifest.replace(row_check=row_check.require(bundle, manifest, echo))
+    manifest = manifest.replace(exit_agreement=exit_agreement.measure_bundle(bundle, manifest))
+    echo(exit_agreement.describe(manifest))
     manifest_io.write(bundle, manifest)
     return bundle
 

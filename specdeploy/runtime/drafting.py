@@ -250,8 +250,9 @@ class HybridDrafter:
     without a lookup match is a plain step.
     """
 
-    def __init__(self, lookup: LookupDrafter, early_exit: EarlyExitDrafter):
-        self.lookup, self.early_exit = lookup, early_exit
+    def __init__(self, lookup: LookupDrafter, early_exit: EarlyExitDrafter, probe_exit: bool = True):
+        """`probe_exit`: False where the exit agrees too rarely to ever pay (`exit_agreement`)."""
+        self.lookup, self.early_exit, self.probe_exit = lookup, early_exit, probe_exit
         self.plain, self.probe, self.full = RateEstimate(), Verdict(), Verdict()
         self.probing = False  # what the last early-exit round was, for observe()
 
@@ -265,7 +266,7 @@ class HybridDrafter:
     def _early_tokens(self, num_draft_tokens: int) -> int:
         """Draft tokens for a round without a lookup match: 0 (plain step), 1 (probe) or all; full
         rounds are measured only once probes stand measured as faster than plain steps."""
-        if not self.probe.pays(self.plain):
+        if not self.probe_exit or not self.probe.pays(self.plain):
             return 0
         if num_draft_tokens > 1 and self.probe.faster and self.full.pays(self.probe.rate):
             return num_draft_tokens
