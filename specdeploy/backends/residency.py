@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import functools
 import mmap
 import sys
@@ -112,7 +113,10 @@ def anonymous_regions(smaps: str = "/proc/self/smaps") -> dict[tuple[int, int], 
 def collapse_new(before: dict, min_resident: float = 0.9) -> int:
     """Back with huge pages (`madvise(MADV_COLLAPSE)`) the anonymous memory mapped since `before`
     (an `anonymous_regions()` snapshot) that is already almost all resident: the packed weights
-    every step streams through. Returns the bytes collapsed."""
+    every step streams through. Returns the bytes collapsed.
+
+    One 2 MB page at a time: a kernel short of free huge pages (ENOMEM) or busy (EAGAIN, tried
+    once more) refuses some and not others, and each one collapsed still speeds its reads."""
     if not sys.platform.startswith("linux") or before is None:
         return 0
     libc, collapsed = _libc(), 0
@@ -120,8 +124,20 @@ def collapse_new(before: dict, min_resident: float = 0.9) -> int:
         lo, hi = -(-start // HUGE_PAGE) * HUGE_PAGE, end // HUGE_PAGE * HUGE_PAGE
         if (start, end) in before or hi <= lo or resident < min_resident * (end - start):
             continue
-        if libc.madvise(lo, hi - lo, MADV_COLLAPSE) == 0:
-            collapsed += hi - lo
-        elif ctypes.get_errno() == 22:  # EINVAL: a kernel without MADV_COLLAPSE
-            break
+        for page in range(lo, hi, HUGE_PAGE):
+            error = _collapse(libc, page)
+            if error == errno.EINVAL:  # a kernel without MADV_COLLAPSE
+                return collapsed
+            collapsed += HUGE_PAGE if error == 0 else 0
     return collapsed
+
+
+def _collapse(libc: ctypes.CDLL, page: int) -> int:
+    """0 when the 2 MB page at `page` is now a huge page, else the errno (EAGAIN retried once)."""
+    for _ in range(2):
+        if libc.madvise(page, HUGE_PAGE, MADV_COLLAPSE) == 0:
+            return 0
+        error = ctypes.get_errno()
+        if error != errno.EAGAIN:
+            return error
+    return error

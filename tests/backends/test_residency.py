@@ -109,47 +109,118 @@ def test_an_int4_bundle_computes_the_same_bytes_once_its_pages_go(tiny_bundle, t
     assert np.array_equal(model.draft_pass([3, 4, 5], 0), before)
 
 
-def huge_kb(start: int) -> int:
-    """AnonHugePages of the mapping starting at `start`, from /proc/self/smaps."""
-    inside = False
+def huge_kb(start: int | None = None) -> int:
+    """AnonHugePages of the mapping starting at `start` (of every mapping: None), from
+    /proc/self/smaps."""
+    inside, total = False, 0
     for line in open("/proc/self/smaps"):
         fields = line.split()
         if "-" in fields[0] and not fields[0].endswith(":"):
-            inside = int(fields[0].split("-")[0], 16) == start
+            inside = start is None or int(fields[0].split("-")[0], 16) == start
         elif inside and fields[0] == "AnonHugePages:":
-            return int(fields[1])
-    return 0
+            total += int(fields[1])
+    return total
 
 
-def collapse_supported() -> bool:
+def collapse_refused() -> str | None:
+    """Why this kernel will not collapse a fully written 4 MB mapping into huge pages right now,
+    or None when it does: no MADV_COLLAPSE before Linux 6.1, THP off, or no free huge page at the
+    moment (ENOMEM: a fragmented or memory-limited machine)."""
+    import ctypes
+    import errno
     import os
     from pathlib import Path
 
+    from specdeploy.backends.residency import HUGE_PAGE, MADV_COLLAPSE, _libc
+
     thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-    release = tuple(int(x) for x in os.uname().release.split("-")[0].split(".")[:2])
-    return release >= (6, 1) and thp.is_file() and "[never]" not in thp.read_text()
+    if not thp.is_file() or "[never]" in thp.read_text():
+        return "transparent huge pages are off on this kernel"
+    probe = np.frombuffer(mmap.mmap(-1, 3 * HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), np.uint8)
+    probe[:] = 1
+    aligned = -(-ctypes.addressof(ctypes.c_char.from_buffer(probe)) // HUGE_PAGE) * HUGE_PAGE
+    if _libc().madvise(aligned, HUGE_PAGE, MADV_COLLAPSE) == 0:
+        return None
+    code = ctypes.get_errno()
+    return f"this kernel ({os.uname().release}) refused MADV_COLLAPSE now: {errno.errorcode.get(code, code)}"
+
+
+def dense_and_sparse_mappings():
+    """16 MB written through, as malloc's large blocks are (the packed weights), and 16 MB of
+    fresh zero pages written once a megabyte (a KV buffer)."""
+    dense = np.frombuffer(mmap.mmap(-1, 16 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), np.uint8)
+    dense[:] = np.arange(dense.size) % 251
+    sparse = zeroed((16 << 20,), np.uint8)
+    sparse[::1 << 20] = 1
+    return dense, sparse
 
 
 @linux
-def test_collapse_new_backs_resident_new_memory_with_huge_pages_and_keeps_its_bytes():
-    """A mapping made after the snapshot and fully written is collapsed (same bytes, 2 MB pages);
-    one written only here and there (a KV buffer) is left alone, so nothing becomes resident."""
+def test_collapse_new_counts_what_it_collapsed_and_changes_no_byte_and_no_sparse_mapping():
+    """Holds whether or not the kernel has huge pages to give: the count is of pages now huge,
+    the bytes are the same, and a sparse mapping gains neither huge pages nor resident memory."""
+    import ctypes
+
+    from specdeploy.backends.residency import HUGE_PAGE, anonymous_regions, collapse_new
+
+    before = anonymous_regions()
+    huge_before = huge_kb()
+    dense, sparse = dense_and_sparse_mappings()
+    sparse_at = ctypes.addressof(ctypes.c_char.from_buffer(sparse))
+    sparse_huge, resident = huge_kb(sparse_at), rss_anon_kb()
+    collapsed = collapse_new(before)
+    assert collapsed % HUGE_PAGE == 0
+    assert huge_kb(ctypes.addressof(ctypes.c_char.from_buffer(dense))) << 10 <= collapsed
+    assert collapsed <= (huge_kb() - huge_before) << 10 or collapsed == 0
+    assert huge_kb(sparse_at) == sparse_huge
+    assert rss_anon_kb() - resident < 4 << 10  # KB: the sparse 16 MB stayed sparse
+    assert np.array_equal(dense, np.arange(dense.size) % 251)
+    assert collapse_new(None) == 0
+
+
+@linux
+def test_collapse_new_backs_resident_new_memory_with_huge_pages():
+    """Where the kernel can collapse at all, the dense mapping's 2 MB-aligned part is collapsed."""
     import ctypes
 
     from specdeploy.backends.residency import anonymous_regions, collapse_new
 
+    refused = collapse_refused()
+    if refused:
+        pytest.skip(refused)
     before = anonymous_regions()
-    dense = np.frombuffer(mmap.mmap(-1, 16 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), np.uint8)  # as malloc's
-    dense[:] = np.arange(dense.size) % 251
-    sparse = zeroed((16 << 20,), np.uint8)
-    sparse[::1 << 20] = 1
-    sparse_resident = rss_anon_kb()
-    if not collapse_supported():
-        pytest.skip("this kernel has no MADV_COLLAPSE (Linux >= 6.1) or no transparent huge pages")
-    collapsed = collapse_new(before)
-    assert collapsed >= 12 << 20  # the 2 MB-aligned part of the dense mapping
+    dense, _ = dense_and_sparse_mappings()
+    assert collapse_new(before) >= 12 << 20
     assert huge_kb(ctypes.addressof(ctypes.c_char.from_buffer(dense))) >= 12 << 10
-    assert huge_kb(ctypes.addressof(ctypes.c_char.from_buffer(sparse))) == 0
-    assert rss_anon_kb() - sparse_resident < 4 << 10  # KB: the sparse 16 MB stayed sparse
     assert np.array_equal(dense, np.arange(dense.size) % 251)
-    assert collapse_new(None) == 0
+
+
+def test_collapse_new_goes_page_by_page_retries_a_busy_kernel_and_stops_on_one_without_collapse(monkeypatch):
+    """A kernel out of huge pages refuses some 2 MB pages (ENOMEM) and collapses others; one busy
+    (EAGAIN) is asked once more; one without MADV_COLLAPSE (EINVAL) is asked nothing further."""
+    import ctypes
+    import errno
+
+    from specdeploy.backends import residency
+
+    mb2 = residency.HUGE_PAGE
+    answers = {3 * mb2: [errno.ENOMEM], 4 * mb2: [errno.EAGAIN, 0], 5 * mb2: [errno.EAGAIN, errno.EAGAIN]}
+    calls = []
+
+    class Libc:
+        def madvise(self, start, length, advice):
+            calls.append(start)
+            assert length == mb2 and advice == residency.MADV_COLLAPSE
+            code = answers[start].pop(0) if answers.get(start) else 0
+            ctypes.set_errno(code)
+            return -1 if code else 0
+
+    monkeypatch.setattr(residency, "sys", type("Sys", (), {"platform": "linux"}))
+    monkeypatch.setattr(residency, "_libc", lambda: Libc())
+    fresh = {(2 * mb2 - 4096, 7 * mb2 + 4096): 5 * mb2 + 8192}  # pages 2..6 aligned inside
+    monkeypatch.setattr(residency, "anonymous_regions", lambda: {**fresh, (0, mb2): mb2})
+    assert residency.collapse_new({(0, mb2): mb2}) == 3 * mb2  # pages 2, 4 (retried), 6
+    assert calls == [2 * mb2, 3 * mb2, 4 * mb2, 4 * mb2, 5 * mb2, 5 * mb2, 6 * mb2]
+    calls.clear()
+    answers[3 * mb2] = [errno.EINVAL]
+    assert residency.collapse_new({}) == mb2 and calls == [2 * mb2, 3 * mb2]  # nothing after EINVAL
