@@ -146,10 +146,11 @@ class TritonPythonModel:
         from specdeploy.runtime.stats import GenerationStats
 
         stats, text = GenerationStats(), []
+        if request.is_cancelled():  # gone while it waited
+            return self._cancelled(sender, stats)
         for piece in self.engine.stream_ids(ids, config, stats):
             if request.is_cancelled():  # the client went away: free the engine now
-                self.metrics.finished("cancelled", stats.generated_tokens)
-                return
+                return self._cancelled(sender, stats)
             if stream:
                 sender.send(pb_utils.InferenceResponse([self._tensor("text_output", piece.text.encode(), object)]))
             else:
@@ -157,6 +158,15 @@ class TritonPythonModel:
         self.metrics.finished(stats.finish_reason, stats.generated_tokens)
         sender.send(self._final("".join(text), stats, self.engine.settings(config).label),
                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def _cancelled(self, sender, stats):
+        """A cancelled request still gets the final flag: without it Triton counts the request live
+        and waits out its whole exit timeout (30 s) before unloading the model."""
+        self.metrics.finished("cancelled", stats.generated_tokens)
+        try:
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception:  # nothing more to tell a client that is gone
+            pass
 
     def _final(self, text, stats, source):
         d = stats.to_dict()

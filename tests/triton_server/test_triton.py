@@ -62,9 +62,12 @@ def running_triton(bundle, root: Path, *options):
         finally:
             proc.terminate()
             try:
-                proc.wait(30)
+                proc.wait(60)
             except subprocess.TimeoutExpired:
                 proc.kill()
+    # a request left without its final response keeps the model live until Triton's exit timeout
+    # (30 s) ends the server with the model still loaded
+    assert "successfully unloaded 'specdeploy'" in log_path.read_text(), f"the model never unloaded: {log_path}"
 
 
 def _wait_ready(proc, url, log_path):
