@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up from scratch if needed, fetch the example model, run the whole test suite.
+# Set up from scratch if needed, fetch the example model, run the test suite: the default set, or
+# with --long also the end-to-end runs of minutes each (fetching Gemma 3 270M for them).
 # The playground test drives Debian's chromium through Playwright: install it when missing.
 # Two workers, a test file each at a time (pytest-xdist): exports and the reference models are
 # mostly single-threaded Python, so the second core is otherwise idle through much of the suite;
@@ -14,6 +15,8 @@ if ! command -v chromium >/dev/null 2>&1; then
     $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium >/dev/null
 fi
 scripts/fetch_model.sh
-scripts/fetch_gemma3.sh || echo "Gemma 3 270M could not be fetched: its end-to-end tests skip"
+case " $* " in *" --long "*)  # the long tier's Gemma 3 end-to-end tests
+    scripts/fetch_gemma3.sh || echo "Gemma 3 270M could not be fetched: its end-to-end tests skip" ;;
+esac
 . .venv/bin/activate
 exec python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder "$@"

@@ -134,6 +134,11 @@ def _has_gpu() -> bool:
         return False
 
 
+def pytest_addoption(parser):
+    parser.addoption("--long", action="store_true",
+                     help="also run the `long` end-to-end tests (minutes each; the default set keeps the suite short)")
+
+
 def pytest_configure(config):
     _pin_xdist_worker()
 
@@ -162,20 +167,23 @@ def _end_to_end_files_first(items) -> None:
     count, first = Counter(item.path for item in items), {}
     for index, item in enumerate(items):
         first.setdefault(item.path, index)
-    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    slow = {item.path for item in items if item.get_closest_marker("slow") or item.get_closest_marker("long")}
     items.sort(key=lambda item: (item.path not in slow, -count[item.path], first[item.path]))
 
 
 def pytest_collection_modifyitems(config, items):
-    """`gpu` / `tensorrt` tests skip cleanly where the hardware or package is absent; the end-to-end
-    files are scheduled first."""
+    """`gpu` / `tensorrt` tests skip cleanly where the hardware or package is absent, `long` ones
+    unless asked for; the end-to-end files are scheduled first."""
     import importlib.util
 
     _end_to_end_files_first(items)
 
     gpu = _has_gpu()
     trt = importlib.util.find_spec("tensorrt") is not None
+    long = config.getoption("--long")
     for item in items:
+        if "long" in item.keywords and not long:
+            item.add_marker(pytest.mark.skip(reason="a long end-to-end run: `scripts/test.sh --long` runs it"))
         if "gpu" in item.keywords and not gpu:
             item.add_marker(pytest.mark.skip(reason="no NVIDIA GPU with a working CUDA driver"))
         if "tensorrt" in item.keywords and not trt:

@@ -88,6 +88,7 @@ def test_int4_example_bundle_is_row_independent_exact_and_smaller(example_bundle
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_int8_example_bundle_keeps_activation_outliers_in_float(example_bundle, tmp_path):
     """int8 on the real model computes its activation outlier channels in float (the down
     projections' reach 4600x the median channel): the quality report's top-1 agreement target
@@ -104,6 +105,7 @@ def test_int8_example_bundle_keeps_activation_outliers_in_float(example_bundle, 
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_gptq_re_quantizes_the_example_closer_to_fp32_than_round_to_nearest(example_bundle, tmp_path):
     """Without GGUF blocks to carry (an fp32 source), int4 is re-quantized: GPTQ on minmax's grid
     reaches the quality targets that round to nearest misses by far (69% top-1, perplexity +19%;

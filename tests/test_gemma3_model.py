@@ -16,7 +16,7 @@ from specdeploy.runtime.engine import Engine
 ROOT = Path(__file__).resolve().parents[1]
 GGUF = ROOT / "models" / "gemma-3-270m-q4_k_m.gguf"
 PROMPTS = ["Photosynthesis is the process by which", "def fibonacci(n):\n"]
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 
 @pytest.fixture(scope="module")

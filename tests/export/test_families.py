@@ -64,7 +64,7 @@ def test_greedy_speculative_equals_plain_equals_hugging_face(family):
 
 
 @pytest.mark.parametrize("arch", ["gemma3_text", "granite"])
-@pytest.mark.parametrize("exit_layer", [1, 3])
+@pytest.mark.parametrize("exit_layer", [1, pytest.param(3, marks=pytest.mark.long)])
 def test_other_exit_layers_stay_exact(arch, exit_layer, tmp_path):
     bundle = export_tiny(arch, tmp_path, exit_layer=exit_layer, validate=False)
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / f"{arch}-model").eval()
@@ -113,7 +113,8 @@ def test_int8_and_tensorrt_build_per_family(family, tmp_path, monkeypatch):
         assert engine.generate_ids(PROMPTS[0], GenerationConfig(num_draft_tokens=4, **base)) == expected
 
 
-@pytest.mark.parametrize("arch", ["gemma2", "gemma3_text", "phi3"])  # soft-capping, windows, LongRoPE
+@pytest.mark.parametrize("arch", [  # soft-capping, windows, LongRoPE
+    "gemma3_text", pytest.param("gemma2", marks=pytest.mark.long), pytest.param("phi3", marks=pytest.mark.long)])
 def test_calibrated_bundles_are_exact(arch, tmp_path, monkeypatch):
     from specdeploy.calibration.steps import CalibrationConfig
 
