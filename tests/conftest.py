@@ -182,7 +182,7 @@ def pytest_collection_modifyitems(config, items):
     trt = importlib.util.find_spec("tensorrt") is not None
     long = config.getoption("--long")
     for item in items:
-        if "long" in item.keywords and not long:
+        if item.get_closest_marker("long") and not long:  # the marker, not a test or parameter named so
             item.add_marker(pytest.mark.skip(reason="a long end-to-end run: `scripts/test.sh --long` runs it"))
         if "gpu" in item.keywords and not gpu:
             item.add_marker(pytest.mark.skip(reason="no NVIDIA GPU with a working CUDA driver"))
