@@ -146,6 +146,26 @@ def _results(config: PeerConfig, rows: list[Row], categories: list[str]) -> dict
             "repeats": config.repeats, "machine": machine_info(), "rows": table}
 
 
+UNSTEADY = 1.25  # repeats this far apart: steady runs on the VMs of docs/benchmarks.md stayed within 1.16
+
+
+def unsteady(results: dict) -> str | None:
+    """Why this run's ratios are no reading, or None: one repeat of the reference took a quarter
+    longer than another, or a runtime's paired ratios moved that much between repeats — the machine
+    was busy in some repeats and not others, and the median of three can be any of them."""
+    rows = [r for r in results["rows"] if "skipped" not in r]
+    seconds = rows[0].get("seconds_per_repeat") or [] if rows else []  # older results kept none
+    if len(seconds) > 1 and max(seconds) > UNSTEADY * min(seconds):
+        return (f"Unsteady run: {rows[0]['runtime']}'s repeats took {min(seconds):.1f}–{max(seconds):.1f} s; "
+                "rerun on an otherwise idle machine before quoting these ratios.")
+    for r in rows[1:]:
+        low, high = r.get("vs_reference_range") or (1.0, 1.0)
+        if high > UNSTEADY * low:
+            return (f"Unsteady run: {r['runtime']}'s ratio moved from {low:.2f}× to {high:.2f}× between repeats; "
+                    "rerun on an otherwise idle machine before quoting these ratios.")
+    return None
+
+
 def markdown(results: dict) -> str:
     lines = [f"| runtime | tok/s | vs {results['reference']} | prompts equal to it | mean leading tokens equal | note |",
              "|---|---|---|---|---|---|"]
@@ -156,7 +176,8 @@ def markdown(results: dict) -> str:
             lines.append(f"| {r['runtime']} | {r['tokens_per_second']:.1f} | {r['vs_reference']:.2f}×"
                          f"{spread(r['vs_reference_range'])} | "
                          f"{r['prompts_equal']}/{r['prompts']} | {r['mean_leading_equal']} | {r['note']} |")
-    return "\n".join(lines)
+    warning = unsteady(results)
+    return "\n".join(lines + ([f"\n**{warning}**"] if warning else []))
 
 
 def plot(results: dict, path: Path) -> Path:
