@@ -53,9 +53,8 @@ def describe(bundle: Path) -> str:
         chosen = m.calibration.get("chosen", {})
         lines.append(f"calibration chosen {chosen}; measured {m.calibration.get('measured_speedup')}")
     if m.exit_agreement is not None:
-        share, floor = m.exit_agreement, m.exit_agreement_floor
-        lines.append(f"early exit  agrees with the full model on {share:.1%} of held-out tokens"
-                     + ("" if share >= floor else f" (under {floor:.1%}: the hybrid never runs it)"))
+        lines.append(f"early exit  agrees with the full model on {m.exit_agreement:.1%} of held-out tokens"
+                     + ("" if m.exit_can_pay else f" (under {m.exit_agreement_floor:.1%}: the hybrid never runs it)"))
     if m.quality:
         lines.append(f"quality     {m.quality}")
     if m.tensorrt:

@@ -88,6 +88,11 @@ class Manifest:
         than this never pays for the draft pass its rounds add (runtime.exit_agreement)."""
         return self.exit_layer / (2 * self.model.num_layers)
 
+    @property
+    def exit_can_pay(self) -> bool:
+        """False where the measured agreement is under the floor; unmeasured exits may pay."""
+        return self.exit_agreement is None or self.exit_agreement >= self.exit_agreement_floor
+
     def graph(self, name: str) -> GraphInfo:
         if name not in self.graphs:
             raise BundleError(f"bundle has no '{name}' graph; re-export it with 'specdeploy export'")

@@ -15,7 +15,6 @@ import numpy as np
 from ..config import GenerationConfig, SamplingParams
 from ..constants import DEFAULT_PREFILL_CHUNK, PLAIN
 from ..errors import ConfigError, ContextLengthError
-from . import exit_agreement
 from .acceptance import accept_greedy, accept_sampled
 from .drafting import Draft, EarlyExitDrafter, HybridDrafter, LookupDrafter
 from .sampling import sample, warp
@@ -41,7 +40,7 @@ class Decoder:
         self.eos = set(model.manifest.model.eos_token_ids)
         early = EarlyExitDrafter(model, vocab_ids, confidence_threshold)
         lookup = LookupDrafter(model)
-        hybrid = HybridDrafter(lookup, early, probe_exit=exit_agreement.probes_can_pay(model.manifest))
+        hybrid = HybridDrafter(lookup, early, probe_exit=model.manifest.exit_can_pay)
         self.drafters = {"early_exit": early, "lookup": lookup, "hybrid": hybrid}
         self.history = np.zeros(model.max_context + 1, np.int64)  # prompt + committed + pending
 

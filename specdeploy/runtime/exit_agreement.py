@@ -7,7 +7,7 @@ engine-int4.plan --category qa`), most of what a fresh engine lost to plain deco
 QA answers, and the whole of it on a single short request. A probe costs at least one more pass
 through the draft graph's k of L layers, and yields one token more only when the exit agrees with
 the full model, so an exit that agrees less often than half of k / L loses on every machine and
-text: the hybrid never probes it (`probes_can_pay`). The example's uncalibrated exit at layer 8
+text: the hybrid never probes it (`Manifest.exit_can_pay`). The example's uncalibrated exit at layer 8
 of 30 agrees on 3–4% of held-out tokens (floor 13%); calibrated exit adapters 33–40%
 (docs/DESIGN.md). A bundle without the measurement (written before it) is probed as before.
 """
@@ -56,16 +56,12 @@ def measure_bundle(bundle: Path, manifest) -> float | None:
         model.close()
 
 
-def probes_can_pay(manifest) -> bool:
-    return manifest.exit_agreement is None or manifest.exit_agreement >= manifest.exit_agreement_floor
-
-
 def describe(manifest) -> str:
     """One line for the export / quantize log."""
     if manifest.exit_agreement is None:
         return "early exit: no held-out text to measure its agreement on; the hybrid measures whether its rounds pay"
     share = f"early exit agrees with the full model on {manifest.exit_agreement:.1%} of held-out tokens"
-    if probes_can_pay(manifest):
+    if manifest.exit_can_pay:
         return f"{share}: the hybrid measures whether its rounds pay"
     layers = f"{manifest.exit_layer} of {manifest.model.num_layers} layers"
     return f"{share}, under {manifest.exit_agreement_floor:.1%} (half the draft graph's {layers}): the hybrid never runs it"

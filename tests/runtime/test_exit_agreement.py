@@ -53,9 +53,9 @@ def _with_agreement(bundle, tmp_path, value):
 def test_the_floor_is_half_the_draft_graphs_share_of_layers(tiny_bundle):
     m = manifest_io.read(tiny_bundle)  # exit 2 of 4 layers
     assert m.exit_agreement_floor == 0.25
-    assert exit_agreement.probes_can_pay(m.replace(exit_agreement=None))
-    assert exit_agreement.probes_can_pay(m.replace(exit_agreement=0.25))
-    assert not exit_agreement.probes_can_pay(m.replace(exit_agreement=0.2499))
+    assert m.replace(exit_agreement=None).exit_can_pay
+    assert m.replace(exit_agreement=0.25).exit_can_pay
+    assert not m.replace(exit_agreement=0.2499).exit_can_pay
     assert "never runs it" in exit_agreement.describe(m.replace(exit_agreement=0.1))
     assert "measures whether" in exit_agreement.describe(m.replace(exit_agreement=0.3))
 
