@@ -235,7 +235,8 @@ def test_step_profile_counts_each_op_types_kernels_a_step(tiny_bundle):
 
 @pytest.mark.parametrize("script, bundles", [("arena_ab", 1), ("huge_pages_ab", 1), ("prefill_ab", 1), ("copy_length_ab", 1), ("outlier_channels", 1),
                                              ("quality_compare", 2), ("round_overhead", 1),
-                                             ("offset_cost", 1), ("step_profile", 1), ("pass_costs", 1)])
+                                             ("offset_cost", 1), ("step_profile", 1), ("pass_costs", 1),
+                                             ("requant_error", 1)])
 def test_a_script_given_no_bundle_says_so_in_one_line(script, bundles, tmp_path):
     import subprocess
     import sys
@@ -245,6 +246,45 @@ def test_a_script_given_no_bundle_says_so_in_one_line(script, bundles, tmp_path)
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1
     assert out.stderr.startswith("error: ") and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def _requant_error():
+    spec = importlib.util.spec_from_file_location("requant_error", ROOT / "scripts" / "requant_error.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_requant_error_tells_weights_already_on_a_4_bit_grid_from_the_rest():
+    """A weight as an export of a Q4_1 file holds it (min + d * q, d and min in fp16, every 32 using
+    levels 0 and 15) is on the grid; float weights are not, and GPTQ's output error on them is below
+    round-to-nearest's."""
+    script = _requant_error()
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 24)).astype(np.float32)                          # [K, N]
+    assert not script.on_grid(w)
+    q = rng.integers(0, 16, (2, 32, 24)).astype(np.float32)                       # [K/32, 32, N]
+    q[:, 0], q[:, 1] = 0, 15
+    d = rng.uniform(0.01, 0.1, (2, 1, 24)).astype(np.float16).astype(np.float32)
+    low = rng.uniform(-0.8, -0.2, (2, 1, 24)).astype(np.float16).astype(np.float32)
+    assert script.on_grid((low + d * q).reshape(64, 24))
+    x = rng.standard_normal((512, 64)).astype(np.float32) * np.linspace(0.1, 3, 64, dtype=np.float32)
+    found = {m: float(e) for m, e in script.errors(w, x.T @ x, [0.2, 0.5]).items()}
+    assert found["gptq"] < found["minmax"] < found["rtn"]
+    assert len(found) == 6 and all(0 < e < 0.1 for e in found.values())
+
+
+def test_requant_error_runs_on_a_bundle(tiny_bundle):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "requant_error.py"), str(tiny_bundle),
+                          "--alphas", "0.3"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    first, *priced = out.stdout.splitlines()
+    on, total = (int(first.split()[i]) for i in (0, 2))
+    assert on == 0 and total == len(priced) > 0  # random float weights: every one priced
+    assert all("'gptq'" in line and "scaled (best α 0.3)" in line for line in priced)
 
 
 def _copy_replay():
