@@ -5,7 +5,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from specdeploy.quantization import fusion
+from specdeploy.quantization import fusion, tensorrt_form
 
 RNG = np.random.default_rng(0)
 HEADS, ROWS, DIM = 2, 3, 8
@@ -59,7 +59,7 @@ def test_rotary_becomes_one_op_computing_the_same_and_unfuses_back():
     assert fusion.fuse_rotary(fused) == 1
     assert {n.op_type for n in fused.graph.node} == {"Concat", "Cos", "Sin", "Slice", "RotaryEmbedding"}
     np.testing.assert_allclose(_run(fused, feeds)[0], expected, atol=1e-6)
-    assert fusion.unfuse(fused) == 1 and "RotaryEmbedding" not in {n.op_type for n in fused.graph.node}
+    assert tensorrt_form.unfuse(fused) == 1 and "RotaryEmbedding" not in {n.op_type for n in fused.graph.node}
     np.testing.assert_allclose(_run(fused, feeds)[0], expected, atol=1e-6)
 
 
@@ -85,7 +85,7 @@ def test_residual_add_and_norm_fuse_and_unfuse():
     assert [n.op_type for n in fused.graph.node] == ["SkipSimplifiedLayerNormalization"]
     for got, want in zip(_run(fused, feeds), expected):
         np.testing.assert_allclose(got, want, atol=1e-5)
-    assert fusion.unfuse(fused) == 1
+    assert tensorrt_form.unfuse(fused) == 1
     assert [n.op_type for n in fused.graph.node] == ["Add", "RMSNormalization"]
 
 

@@ -16,7 +16,7 @@ a call carries (the bundle's row check still decides):
   Transpose → Split on the head axis (the same values moved by three kernels instead of seven),
   after any per-part bias Adds (Qwen2) become one Add before the Split.
 
-`tensorrt_form` undoes the first two for TensorRT, which runs neither contrib op.
+`tensorrt_form.unfuse` undoes the first two for TensorRT, which runs neither contrib op.
 """
 from __future__ import annotations
 
@@ -365,53 +365,3 @@ def _topological(model, nodes: list) -> list:
             raise ValueError(f"graph has a cycle or an unmade input at {waiting[0].name}")
         pending = waiting
     return order
-
-
-# ---- back to standard ops (TensorRT runs neither contrib op) -----------------------------------
-
-def _unfused_norm(node) -> list:
-    from onnx import helper
-
-    total = node.output[3] if len(node.output) > 3 and node.output[3] else node.name + ".sum"
-    return [helper.make_node("Add", list(node.input[:2]), [total], name=node.name + ".add"),
-            helper.make_node("RMSNormalization", [total, node.input[2]], [node.output[0]], name=node.name + ".norm",
-                             axis=-1, epsilon=_attrs(node).get("epsilon", 1e-5), stash_type=1)]
-
-
-def _unfused_rotary(model, node, tables: dict) -> list:
-    """x * cos + rotate_half(x) * sin with the [B, 1, S, D] tables rebuilt from the half ones."""
-    from onnx import helper, numpy_helper
-
-    nodes = []
-    x, name = node.input[0], node.name
-    for half in node.input[1:3]:
-        if half not in tables:
-            tables[half] = half + ".full"
-            axis = half + ".axis"
-            model.graph.initializer.append(numpy_helper.from_array(np.array([1], np.int64), axis))
-            nodes += [helper.make_node("Concat", [half, half], [half + ".both"], axis=-1, name=half + ".both"),
-                      helper.make_node("Unsqueeze", [half + ".both", axis], [tables[half]], name=half + ".full")]
-    cos, sin = tables[node.input[1]], tables[node.input[2]]
-    return nodes + [
-        helper.make_node("Split", [x], [name + ".x1", name + ".x2"], axis=-1, num_outputs=2, name=name + ".split"),
-        helper.make_node("Neg", [name + ".x2"], [name + ".neg"], name=name + ".neg"),
-        helper.make_node("Concat", [name + ".neg", name + ".x1"], [name + ".rot"], axis=-1, name=name + ".rot"),
-        helper.make_node("Mul", [x, cos], [name + ".xcos"], name=name + ".xcos"),
-        helper.make_node("Mul", [name + ".rot", sin], [name + ".rsin"], name=name + ".rsin"),
-        helper.make_node("Add", [name + ".xcos", name + ".rsin"], list(node.output), name=name + ".sum")]
-
-
-def unfuse(model) -> int:
-    """Rotary and residual-norm nodes of `fuse_float` back as standard ONNX ops; how many."""
-    nodes, tables, count = [], {}, 0
-    for node in model.graph.node:
-        if node.op_type == "SkipSimplifiedLayerNormalization":
-            nodes += _unfused_norm(node)
-        elif node.op_type == "RotaryEmbedding" and node.domain in ("", "ai.onnx") and len(node.input) == 3:
-            nodes += _unfused_rotary(model, node, tables)
-        else:
-            nodes.append(node)
-            continue
-        count += 1
-    set_nodes(model, nodes)
-    return count

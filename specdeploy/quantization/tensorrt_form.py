@@ -10,7 +10,7 @@ largest magnitude is positive) are stored with both signs flipped, in INT8 where
 need +8 (so an int4 graph's TensorRT weights may be INT8: exact values, twice the bytes), and
 refused where 8 bits would need +128 (ONNX Runtime's own 8-bit quantizer), so values stay exact.
 The fused rotary and residual-norm nodes of the ONNX Runtime graph go back to standard ops first
-(fusion.unfuse); fused sibling matmuls stay one MatMul and a Split, and a GGUF Q4_1 weight's
+(`unfuse`); fused sibling matmuls stay one MatMul and a Split, and a GGUF Q4_1 weight's
 offset term (nbits.offset_nodes) is standard ops already and stays as it is. A folded one
 (folding.py: integer zero points and block-sum rows, which TensorRT's weight-only path does not
 take) goes back to that offset form over the input before the block sums were appended, holding
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import folding, fusion, nbits
+from . import folding, nbits
 from .rewrites import attrs as _attrs, set_nodes, use_ms_domain
 
 SUFFIX = ".trt.onnx"  # beside graph.onnx: what build-engines parses for an int4/int8 graph
@@ -61,11 +61,60 @@ def _dq_weight(model, name: str, blocks: nbits.Blocks, transpose: bool) -> list:
                              block_size=block, name=name + ".dq")]
 
 
+def _unfused_norm(node) -> list:
+    from onnx import helper
+
+    total = node.output[3] if len(node.output) > 3 and node.output[3] else node.name + ".sum"
+    return [helper.make_node("Add", list(node.input[:2]), [total], name=node.name + ".add"),
+            helper.make_node("RMSNormalization", [total, node.input[2]], [node.output[0]], name=node.name + ".norm",
+                             axis=-1, epsilon=_attrs(node).get("epsilon", 1e-5), stash_type=1)]
+
+
+def _unfused_rotary(model, node, tables: dict) -> list:
+    """x * cos + rotate_half(x) * sin with the [B, 1, S, D] tables rebuilt from the half ones."""
+    from onnx import helper, numpy_helper
+
+    nodes = []
+    x, name = node.input[0], node.name
+    for half in node.input[1:3]:
+        if half not in tables:
+            tables[half] = half + ".full"
+            axis = half + ".axis"
+            model.graph.initializer.append(numpy_helper.from_array(np.array([1], np.int64), axis))
+            nodes += [helper.make_node("Concat", [half, half], [half + ".both"], axis=-1, name=half + ".both"),
+                      helper.make_node("Unsqueeze", [half + ".both", axis], [tables[half]], name=half + ".full")]
+    cos, sin = tables[node.input[1]], tables[node.input[2]]
+    return nodes + [
+        helper.make_node("Split", [x], [name + ".x1", name + ".x2"], axis=-1, num_outputs=2, name=name + ".split"),
+        helper.make_node("Neg", [name + ".x2"], [name + ".neg"], name=name + ".neg"),
+        helper.make_node("Concat", [name + ".neg", name + ".x1"], [name + ".rot"], axis=-1, name=name + ".rot"),
+        helper.make_node("Mul", [x, cos], [name + ".xcos"], name=name + ".xcos"),
+        helper.make_node("Mul", [name + ".rot", sin], [name + ".rsin"], name=name + ".rsin"),
+        helper.make_node("Add", [name + ".xcos", name + ".rsin"], list(node.output), name=name + ".sum")]
+
+
+def unfuse(model) -> int:
+    """Rotary and residual-norm nodes of `fusion.fuse_float` back as standard ONNX ops (TensorRT runs
+    neither contrib op); how many."""
+    nodes, tables, count = [], {}, 0
+    for node in model.graph.node:
+        if node.op_type == "SkipSimplifiedLayerNormalization":
+            nodes += _unfused_norm(node)
+        elif node.op_type == "RotaryEmbedding" and node.domain in ("", "ai.onnx") and len(node.input) == 3:
+            nodes += _unfused_rotary(model, node, tables)
+        else:
+            nodes.append(node)
+            continue
+        count += 1
+    set_nodes(model, nodes)
+    return count
+
+
 def convert(model) -> int:
     """Rewrite `model` in place; returns how many quantized nodes were converted."""
     from onnx import helper, numpy_helper
 
-    fusion.unfuse(model)
+    unfuse(model)
     inits = {t.name: t for t in model.graph.initializer}
     array = lambda name: numpy_helper.to_array(inits[name])                      # noqa: E731
     joined = {n.output[0]: n.input for n in model.graph.node if n.op_type == "Concat"}
