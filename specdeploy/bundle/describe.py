@@ -50,13 +50,44 @@ def describe(bundle: Path) -> str:
     if m.draft_vocab:
         lines.append(f"draft vocab {m.draft_vocab} ({(m.calibration or {}).get('draft_vocab_size', '?')} tokens)")
     if m.calibration:
-        chosen = m.calibration.get("chosen", {})
-        lines.append(f"calibration chosen {chosen}; measured {m.calibration.get('measured_speedup')}")
+        lines.append(f"calibration {_calibration(m.calibration)}")
     if m.exit_agreement is not None:
         lines.append(f"early exit  agrees with the full model on {m.exit_agreement:.1%} of held-out tokens"
                      + ("" if m.exit_can_pay else f" (under {m.exit_agreement_floor:.1%}: the hybrid never runs it)"))
     if m.quality:
-        lines.append(f"quality     {m.quality}")
+        lines.append(f"quality     {_quality(m.quality)}")
     if m.tensorrt:
         lines.append(f"tensorrt    {m.tensorrt['version']} for compute capability {m.tensorrt['compute_capability']}")
     return "\n".join(lines)
+
+
+def _calibration(cal: dict) -> str:
+    """What autotune chose and what the end-to-end measurement recorded, in words."""
+    chosen = cal.get("chosen") or {}
+    parts = [f"chose exit layer {chosen['exit_layer']}, {chosen['num_draft_tokens']} draft tokens"
+             + (f", threshold {chosen['threshold']}" if chosen.get("threshold") is not None else "")
+             + (f", predicted {chosen['predicted_speedup']:.2f}× plain" if "predicted_speedup" in chosen else "")
+             ] if "exit_layer" in chosen else []
+    measured = cal.get("measured_speedup") or {}
+    if measured:
+        best_first = sorted(measured.items(), key=lambda item: -item[1])
+        parts.append("measured " + ", ".join(f"{mode} {speedup:.2f}×" for mode, speedup in best_first))
+    return "; ".join(parts) or "recorded (no choice)"
+
+
+QUALITY_WORDS = {  # quality-report key -> how inspect shows it
+    "top1_agreement": lambda v: f"top-1 agreement with fp32 {v:.1%}",
+    "perplexity": lambda v: f"perplexity {v:.2f}",
+    "perplexity_fp32": lambda v: f"(fp32 {v:.2f})",
+    "greedy_identical": lambda v: "greedy speculative == plain" if v else "greedy speculative DIFFERS from plain",
+    "acceptance_rate": lambda v: f"acceptance {v:.1%}",
+    "plain_tokens_per_second": lambda v: f"plain {v:.1f} tok/s",
+    "speculative_tokens_per_second": lambda v: f"speculative {v:.1f} tok/s",
+}
+
+
+def _quality(quality: dict) -> str:
+    """The quality report of `quantize` in words, keys it does not know as key=value."""
+    known = [QUALITY_WORDS[k](quality[k]) for k in QUALITY_WORDS if k in quality]
+    other = [f"{k}={v}" for k, v in quality.items() if k not in QUALITY_WORDS]
+    return ", ".join(known + other).replace(", (fp32", " (fp32")
