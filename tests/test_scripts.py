@@ -248,8 +248,9 @@ def test_a_script_given_no_bundle_says_so_in_one_line(script, bundles, tmp_path)
     assert out.stderr.startswith("error: ") and len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
-def _requant_error():
-    spec = importlib.util.spec_from_file_location("requant_error", ROOT / "scripts" / "requant_error.py")
+def _script(name: str):
+    """A script of scripts/ imported as a module, for its functions."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -259,7 +260,7 @@ def test_requant_error_tells_weights_already_on_a_4_bit_grid_from_the_rest():
     """A weight as an export of a Q4_1 file holds it (min + d * q, d and min in fp16, every 32 using
     levels 0 and 15) is on the grid; float weights are not, and GPTQ's output error on them is below
     round-to-nearest's."""
-    script = _requant_error()
+    script = _script("requant_error")
     rng = np.random.default_rng(0)
     w = rng.standard_normal((64, 24)).astype(np.float32)                          # [K, N]
     assert not script.on_grid(w)
@@ -287,16 +288,9 @@ def test_requant_error_runs_on_a_bundle(tiny_bundle):
     assert all("'gptq'" in line and "scaled (best α 0.3)" in line for line in priced)
 
 
-def _copy_replay():
-    spec = importlib.util.spec_from_file_location("copy_replay", ROOT / "scripts" / "copy_replay.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_copy_replay_prices_the_rounds_decoding_would_run():
     """A passage said twice: the second time every copy holds; text that never repeats never copies."""
-    replay = _copy_replay()
+    replay = _script("copy_replay")
     passage = list(range(10, 30))
     prompt, output = [1, 2, *passage], [3, *passage]
     flat = lambda rows: 1.0  # rows cost nothing extra: the speedup is the tokens per round
@@ -313,7 +307,7 @@ def test_copy_replay_prices_the_rounds_decoding_would_run():
 def test_copy_replay_counts_first_copies_by_evidence_class():
     """[3] went on with 9, then 4: the next [3] is contested (its copy, 4, is wrong: 7 follows);
     7 has no match; [5] and then [5, 6] went on one way once: uncontested (both right)."""
-    replay = _copy_replay()
+    replay = _script("copy_replay")
     counts = replay.first_copy_acceptance([("a", [3, 9, 3, 4, 5, 6, 8], [3, 7, 5, 6, 8])], (1, 4), 4)
     assert counts == {(1, True): [1, 0], (1, False): [1, 1], (2, False): [1, 1]}
 
