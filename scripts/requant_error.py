@@ -1,15 +1,18 @@
 """What re-quantizing an fp32 bundle's weights to int4 costs, per method, and what its source left to measure.
 
-Usage: python scripts/requant_error.py BUNDLE [--alphas 0.1 0.2 0.3 0.4 0.5]
-BUNDLE is an fp32 bundle. First: how many of its weight matmuls are already on a 4-bit grid, i.e.
-reproduced bitwise by minmax int4 in blocks of 32 (`quantize --method minmax`'s grid, GGUF Q4_1's).
-An export of a Q4_1 GGUF is: every such weight comes back exactly from any method on that grid, so
-comparing methods on them measures nothing but the symmetric grids' loss. Then, for each weight
-NOT on that grid, the relative output error over the calibration text (what `quantize` calibrates
-with), trace(ΔWᵀ H ΔW) / trace(Wᵀ H W) with H = XᵀX of its input, for: rtn, mse, minmax, gptq (the
+Usage: python scripts/requant_error.py BUNDLE [--graphs draft verify head] [--alphas 0.1 0.2 0.3 0.4 0.5]
+BUNDLE is an fp32 bundle; `--graphs` limits the run to those graphs (a 262k-row head takes long).
+First: how many weight matmuls are already on a 4-bit grid, i.e. reproduced bitwise by minmax int4
+in blocks of 32 (`quantize --method minmax`'s grid, GGUF Q4_1's). An export of a Q4_1 GGUF is:
+every such weight comes back exactly from any method on that grid, so comparing methods on them
+measures nothing but the symmetric grids' loss. Then, for each weight NOT on that grid, the
+relative output error over the calibration text (what `quantize` calibrates with),
+trace(ΔWᵀ H ΔW) / trace(Wᵀ H W) with H = XᵀX of its input, for: rtn, mse, minmax, gptq (the
 quantizer's methods) and activation-aware scaling (AWQ-style: input channel k scaled by
 s_k = rms(x_k)^α before rounding, 1/s_k applied to the activation) over minmax and over gptq, at
-the best α of the grid. The scaling is measured here only; `quantize` does not offer it.
+the α of the grid best for minmax, chosen per weight (optimistic: weights reading one activation
+would have to share it). Last, per method, the geometric mean of its error over gptq's and on how
+many weights it is the lowest. The scaling is measured here only; `quantize` does not offer it.
 """
 from __future__ import annotations
 
@@ -46,7 +49,7 @@ def relative_error(w: np.ndarray, approx: np.ndarray, gram: np.ndarray) -> float
     return float(np.sum(delta * (h @ delta)) / np.sum(w * (h @ np.asarray(w, np.float64))))
 
 
-def errors(w: np.ndarray, gram: np.ndarray, alphas: list[float]) -> dict[str, str]:
+def errors(w: np.ndarray, gram: np.ndarray, alphas: list[float]) -> tuple[dict[str, float], float]:
     from specdeploy.quantization import gptq, nbits
 
     found = {m: relative_error(w, nbits.quantize(w, 4, 32, m).dequantize(), gram) for m in ("absmax", "mse", "minmax")}
@@ -62,10 +65,16 @@ def errors(w: np.ndarray, gram: np.ndarray, alphas: list[float]) -> dict[str, st
 
     by_alpha = {a: scaled(a, lambda ws, g: nbits.quantize(ws, 4, 32, "minmax").dequantize()) for a in alphas}
     best = min(by_alpha, key=by_alpha.get)
-    found[f"minmax, scaled (best α {best})"] = by_alpha[best]
-    found[f"gptq, scaled (α {best})"] = scaled(best, lambda ws, g: gptq.quantize(ws, g.astype(np.float32), 4, 32,
-                                                                                  "minmax").dequantize())
-    return {m: f"{e:.3e}" for m, e in found.items()}
+    found["minmax+awq"] = by_alpha[best]
+    found["gptq+awq"] = scaled(best, lambda ws, g: gptq.quantize(ws, g.astype(np.float32), 4, 32, "minmax").dequantize())
+    return found, best
+
+
+def summary(rows: list[dict]) -> list[str]:
+    """Per method: geometric mean of its error over gptq's, and on how many weights it is lowest."""
+    lowest = [min(r, key=r.get) for r in rows]
+    return [f"{m:10s} {np.exp(np.mean([np.log(r[m] / r['gptq']) for r in rows])):8.3f}× gptq's error, "
+            f"lowest on {lowest.count(m)} of {len(rows)}" for m in rows[0]]
 
 
 def main() -> None:
@@ -74,11 +83,14 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bundle", type=Path)
+    parser.add_argument("--graphs", nargs="+", help="graphs whose weights off the grid are priced (default: all)")
     parser.add_argument("--alphas", type=float, nargs="+", default=[0.1, 0.2, 0.3, 0.4, 0.5])
     args = parser.parse_args()
     manifest = manifest_io.read(args.bundle)
     off_grid, total = {}, 0
     for name, graph in manifest.graphs.items():
+        if args.graphs and name not in args.graphs:
+            continue
         for activation, weight, w in weights(args.bundle / graph.file):
             total += 1
             if not on_grid(w):
@@ -88,11 +100,15 @@ def main() -> None:
     if not off_grid:
         return
     samples = feeds.calibration_feeds(args.bundle, manifest, feeds.calibration_texts(None, every=True))
+    rows = []
     for name, found in off_grid.items():
         grams = gptq.gram_matrices(args.bundle / manifest.graphs[name].file, samples[name])
         for activation, weight, w in found:
-            print(f"{name} {weight} K={w.shape[0]} N={w.shape[1]}: relative output error",
-                  errors(w, grams[activation], args.alphas), flush=True)
+            row, alpha = errors(w, grams[activation], args.alphas)
+            rows.append(row)
+            print(f"{name} {weight} K={w.shape[0]} N={w.shape[1]} α {alpha}: relative output error "
+                  + ", ".join(f"{m} {e:.3e}" for m, e in row.items()), flush=True)
+    print("\n".join(summary(rows)))
 
 
 if __name__ == "__main__":

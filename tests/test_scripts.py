@@ -270,9 +270,12 @@ def test_requant_error_tells_weights_already_on_a_4_bit_grid_from_the_rest():
     low = rng.uniform(-0.8, -0.2, (2, 1, 24)).astype(np.float16).astype(np.float32)
     assert script.on_grid((low + d * q).reshape(64, 24))
     x = rng.standard_normal((512, 64)).astype(np.float32) * np.linspace(0.1, 3, 64, dtype=np.float32)
-    found = {m: float(e) for m, e in script.errors(w, x.T @ x, [0.2, 0.5]).items()}
-    assert found["gptq"] < found["minmax"] < found["rtn"]
+    found, alpha = script.errors(w, x.T @ x, [0.2, 0.5])
+    assert found["gptq"] < found["minmax"] < found["rtn"] and alpha in (0.2, 0.5)
     assert len(found) == 6 and all(0 < e < 0.1 for e in found.values())
+    lines = script.summary([found, {**found, "rtn": found["gptq"] / 2}])
+    assert lines[0].split()[:2] == ["rtn", f"{np.sqrt(found['rtn'] / found['gptq'] / 2):.3f}×"]
+    assert lines[0].endswith("lowest on 1 of 2") and lines[3].endswith("lowest on 1 of 2")  # gptq on the first
 
 
 def test_requant_error_runs_on_a_bundle(tiny_bundle):
@@ -284,8 +287,11 @@ def test_requant_error_runs_on_a_bundle(tiny_bundle):
     assert out.returncode == 0, out.stderr
     first, *priced = out.stdout.splitlines()
     on, total = (int(first.split()[i]) for i in (0, 2))
+    priced, summed = priced[:-6], priced[-6:]
     assert on == 0 and total == len(priced) > 0  # random float weights: every one priced
-    assert all("'gptq'" in line and "scaled (best α 0.3)" in line for line in priced)
+    assert all("α 0.3:" in line and "gptq+awq" in line for line in priced)
+    assert [line.split()[0] for line in summed] == ["rtn", "mse", "minmax", "gptq", "minmax+awq", "gptq+awq"]
+    assert summed[3].split()[1] == "1.000×"
 
 
 def test_copy_replay_prices_the_rounds_decoding_would_run():
