@@ -23,9 +23,9 @@ bits (rtn's at 8) with each row's error folded into the rows after it against th
 text's activations (gptq.py), the most accurate where a GGUF's own blocks do not map; "ort" is ONNX Runtime's own quantizer (matmul_nbits_quantizer, RTN), whose 8-bit
 blocks reach -128 with negative scales and so have no exact TensorRT form.
 ONNX Runtime's HQQ was measured and is not offered: its float zero points run a ~9x slower path
-whose rows are not independent. Nor is AWQ-style activation-aware scaling: on the example's one
-weight off a 4-bit grid (its LM head) it cut minmax's output error by a fifth and raised GPTQ's
-(scripts/requant_error.py).
+whose rows are not independent. Nor is AWQ-style activation-aware scaling: over Gemma 3 270M's
+126 layer weights (none on a 4-bit grid in its GGUF) it cut minmax's output error by 1.8x, still
+13x GPTQ's, and raised GPTQ's by 1.15x (scripts/requant_error.py, docs/benchmarks.md).
 """
 from __future__ import annotations
 
