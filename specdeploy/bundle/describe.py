@@ -63,31 +63,34 @@ def describe(bundle: Path) -> str:
 
 def _calibration(cal: dict) -> str:
     """What autotune chose and what the end-to-end measurement recorded, in words."""
-    chosen = cal.get("chosen") or {}
-    parts = [f"chose exit layer {chosen['exit_layer']}, {chosen['num_draft_tokens']} draft tokens"
-             + (f", threshold {chosen['threshold']}" if chosen.get("threshold") is not None else "")
-             + (f", predicted {chosen['predicted_speedup']:.2f}× plain" if "predicted_speedup" in chosen else "")
-             ] if "exit_layer" in chosen else []
-    measured = cal.get("measured_speedup") or {}
+    chosen, parts = cal.get("chosen") or {}, []
+    if "exit_layer" in chosen:
+        choice = f"chose exit layer {chosen['exit_layer']}, {chosen['num_draft_tokens']} draft tokens"
+        if chosen.get("threshold") is not None:
+            choice += f", threshold {chosen['threshold']}"
+        if "predicted_speedup" in chosen:
+            choice += f", predicted {chosen['predicted_speedup']:.2f}× plain"
+        parts.append(choice)
+    measured = sorted((cal.get("measured_speedup") or {}).items(), key=lambda item: -item[1])  # best first
     if measured:
-        best_first = sorted(measured.items(), key=lambda item: -item[1])
-        parts.append("measured " + ", ".join(f"{mode} {speedup:.2f}×" for mode, speedup in best_first))
+        parts.append("measured " + ", ".join(f"{mode} {speedup:.2f}×" for mode, speedup in measured))
     return "; ".join(parts) or "recorded (no choice)"
 
 
-QUALITY_WORDS = {  # quality-report key -> how inspect shows it
-    "top1_agreement": lambda v: f"top-1 agreement with fp32 {v:.1%}",
-    "perplexity": lambda v: f"perplexity {v:.2f}",
-    "perplexity_fp32": lambda v: f"(fp32 {v:.2f})",
-    "greedy_identical": lambda v: "greedy speculative == plain" if v else "greedy speculative DIFFERS from plain",
-    "acceptance_rate": lambda v: f"acceptance {v:.1%}",
-    "plain_tokens_per_second": lambda v: f"plain {v:.1f} tok/s",
-    "speculative_tokens_per_second": lambda v: f"speculative {v:.1f} tok/s",
+QUALITY_WORDS = {  # quality-report key -> how inspect shows it, given the whole report
+    "top1_agreement": lambda q: f"top-1 agreement with fp32 {q['top1_agreement']:.1%}",
+    "perplexity": lambda q: f"perplexity {q['perplexity']:.2f}"
+                            + (f" (fp32 {q['perplexity_fp32']:.2f})" if "perplexity_fp32" in q else ""),
+    "greedy_identical": lambda q: "greedy speculative " + ("== plain" if q["greedy_identical"] else "DIFFERS from plain"),
+    "acceptance_rate": lambda q: f"acceptance {q['acceptance_rate']:.1%}",
+    "plain_tokens_per_second": lambda q: f"plain {q['plain_tokens_per_second']:.1f} tok/s",
+    "speculative_tokens_per_second": lambda q: f"speculative {q['speculative_tokens_per_second']:.1f} tok/s",
 }
+SHOWN_WITH = {"perplexity_fp32"}  # keys another key's words include
 
 
 def _quality(quality: dict) -> str:
-    """The quality report of `quantize` in words, keys it does not know as key=value."""
-    known = [QUALITY_WORDS[k](quality[k]) for k in QUALITY_WORDS if k in quality]
-    other = [f"{k}={v}" for k, v in quality.items() if k not in QUALITY_WORDS]
-    return ", ".join(known + other).replace(", (fp32", " (fp32")
+    """The quality report of `quantize` in words; keys this version does not know as key=value."""
+    known = [words(quality) for key, words in QUALITY_WORDS.items() if key in quality]
+    other = [f"{k}={v}" for k, v in quality.items() if k not in QUALITY_WORDS and k not in SHOWN_WITH]
+    return ", ".join(known + other)
