@@ -202,6 +202,9 @@ def generate(bundle, prompt, max_tokens, temperature, greedy, top_k, top_p, seed
 @click.option("--int4-block", type=click.Choice(["auto", "32", "16"]), default="auto", show_default=True,
               help="int4 block size; auto: 32 where the bundle is row-independent on this machine, else 16 "
                    "(16 for bundles bound for AVX2 CPUs without VNNI).")
+@click.option("--int4-head-bits", type=click.Choice(["8", "4"]), default="8", show_default=True,
+              help="Bits of an int4 bundle's LM head where it is re-quantized (a GGUF's own head blocks carry "
+                   "as they are; --method ort keeps 4): 8 keeps most of the quality, 4 is smaller and faster.")
 @click.option("--no-fuse", is_flag=True,
               help="Keep the exported rotary, norm and matmul nodes unfused (to measure what fusing gains).")
 @click.option("--float-outliers/--no-float-outliers", default=None,
@@ -215,14 +218,14 @@ def generate(bundle, prompt, max_tokens, temperature, greedy, top_k, top_p, seed
               help="int4/int8: fused: each layer's attention as one ONNX Runtime GroupQueryAttention kernel "
                    "(CPU provider; where its rows are independent here); ops: op by op (for --provider cuda).")
 def quantize(bundle, precision, draft_precision, verify_precision, method, prompts_file, output, tensorrt,
-             int4_block, no_fuse, float_outliers, exact_offsets, attention):
+             int4_block, int4_head_bits, no_fuse, float_outliers, exact_offsets, attention):
     """Write a quantized copy of the fp32 BUNDLE and print its quality report."""
     from .quantization.compute import ComputeOptions
     from .quantization.quantize import quantize as run_quantize
 
     options = ComputeOptions(int4_block=None if int4_block == "auto" else int(int4_block), fuse=not no_fuse,
                              float_outliers=float_outliers, exact_offsets=exact_offsets,
-                             fused_attention=attention == "fused")
+                             fused_attention=attention == "fused", head_bits=int(int4_head_bits))
     path = run_quantize(bundle, output, precision, draft_precision, verify_precision, prompts_file, click.echo,
                         method=method, tensorrt=tensorrt, options=options)
     click.echo(f"quantized bundle written to {path}")

@@ -71,13 +71,17 @@ class ComputeOptions:
     whether float offsets (a GGUF's Q4_1 / Q4_K minima, minmax / gptq) stay an exact float32 term
     beside each MatMulNBits or are folded into it (folding.py; the default, faster), and whether each
     layer's attention becomes one GroupQueryAttention kernel (attention.py; the default where it
-    applies) or stays op by op (what ONNX Runtime's CUDA provider needs)."""
+    applies) or stays op by op (what ONNX Runtime's CUDA provider needs), and the bits of an int4
+    bundle's LM head where it is re-quantized (8: as llama.cpp's 4-bit files keep it, Q6_K / Q8_0;
+    a 4-bit head cost ~10 points of top-1 on the example and on Gemma 3, and the speed an 8-bit
+    head costs is the head's share of a step: docs/benchmarks.md)."""
 
     int4_block: int | None = None
     fuse: bool = True
     float_outliers: bool | None = None
     exact_offsets: bool = False
     fused_attention: bool = True
+    head_bits: int = 8
 
     def outliers_for(self, precision: str) -> bool:
         return self.float_outliers if self.float_outliers is not None else precision == "int8"
@@ -86,6 +90,8 @@ class ComputeOptions:
         if self.int4_block not in (None, *INT4_BLOCKS):
             raise ConfigError(f"int4 block size {self.int4_block} is not offered; pick one of "
                               f"{', '.join(map(str, INT4_BLOCKS))} (or leave it to the row check)")
+        if self.head_bits not in (4, 8):
+            raise ConfigError(f"an int4 bundle's LM head is 4 or 8 bits, not {self.head_bits}")
 
     def blocks(self) -> tuple:
         return (self.int4_block,) if self.int4_block else INT4_BLOCKS
@@ -109,14 +115,15 @@ def _algo_config(form: ComputeForm, method: str):
 
 def quantize_graph(src: Path, dst: Path, precision: str, method: str = "rtn", index=None,
                    options: ComputeOptions = ComputeOptions(), outliers: dict | None = None,
-                   grams: dict | None = None, max_context: int | None = None) -> int:
+                   grams: dict | None = None, max_context: int | None = None, lm_head: bool = False) -> int:
     """Write `src` (fp32) to `dst` with every initializer-weight MatMul as MatMulNBits; returns how
     many weights came losslessly from `index` (a gguf_blocks.BlockIndex of the source file).
     `outliers` (activation -> channels, outliers.outlier_channels) are computed in float beside
     them (not with ONNX Runtime's own quantizer, `ort`, which writes its graph whole); `grams`
     (activation -> Xᵀ X over the calibration text) are what `gptq` rounds against; `max_context`:
     fuse each layer's attention into one kernel for KV buffers of that many rows plus one
-    (attention.py; None: op by op).
+    (attention.py; None: op by op); `lm_head`: this is the LM head's graph, whose weights an int4
+    bundle holds at `options.head_bits` (`ort` keeps ONNX Runtime's own form: 4 bits).
 
     MatMuls whose weight is computed in the graph (a draft head's gathered vocabulary subset) stay
     float: the quantizer only sees initializers. Rotary, residual-norm and sibling-matmul nodes are
@@ -137,6 +144,8 @@ def quantize_graph(src: Path, dst: Path, precision: str, method: str = "rtn", in
         if max_context:
             attention.fuse_attention(model, max_context, gqa_probe.form_row_independent)
     chosen, carried = compute_form(precision, options), 0
+    if lm_head and chosen.bits == 4 and options.head_bits == 8 and method != "ort":
+        chosen = FORMS["int8"]  # row-independent at every block size; a GGUF's own head blocks still carry
     if method != "ort":
         carried = _own_blocks(model, chosen, "absmax" if method == "rtn" else method, index, outliers, grams,
                               fold=not options.exact_offsets)

@@ -75,11 +75,11 @@ def graph_precisions(manifest, precision: str, draft: str | None, verify: str | 
 
 def _quantize_graph(src: Path, dst: Path, precision: str, method: str, feeds, indexes,
                     options: ComputeOptions, found: dict | None = None, grams: dict | None = None,
-                    max_context: int | None = None) -> int:
+                    max_context: int | None = None, lm_head: bool = False) -> int:
     """Quantize one graph; returns how many weights came losslessly from the source GGUF."""
     if precision in COMPUTE_FORMS:
         return quantize_graph(src, dst, precision, method, indexes.get(precision), options, found, grams,
-                              max_context)
+                              max_context, lm_head)
     if precision == "fp8":
         _quantize_fp8(src, dst, feeds_io.Reader(feeds))
     elif precision == "fp16":
@@ -110,11 +110,14 @@ def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str,
     for name, graph in manifest.graphs.items():
         src, dst = bundle / graph.file, tmp / graph.file
         carried[name] = _quantize_graph(src, dst, plan[name], method, calibration.feeds.get(name), indexes,
-                                        options, found.get(name), calibration.grams(name), context)
+                                        options, found.get(name), calibration.grams(name), context,
+                                        lm_head=name == io_names.HEAD)
         folded[name] = folded_count(dst) if plan[name] in COMPUTE_FORMS else 0
         fused[name] = fused_count(dst) if plan[name] in COMPUTE_FORMS else 0
         files[Path(graph.file).stem] = dst if plan[name] != "fp32" else src
         blocks = f" in blocks of {options.int4_block}" if plan[name] == "int4" and options.int4_block else ""
+        if name == io_names.HEAD and plan[name] == "int4" and options.head_bits == 8 and method != "ort":
+            blocks += " (the LM head at 8 bits)"
         channels = found.get(name) or {}
         kept = (f"; {sum(map(len, channels.values()))} activation outlier channels of {len(channels)} matmul "
                 f"inputs in float" if channels else "")
