@@ -104,6 +104,12 @@ def compute_form(precision: str, options: ComputeOptions = ComputeOptions()) -> 
     return FORMS[precision]
 
 
+def wider_head(precision: str, method: str, options: ComputeOptions) -> bool:
+    """Whether an LM head re-quantized at `precision` takes 8 bits (int8's form, row-independent at
+    every block size) rather than the graph's 4; `ort` keeps ONNX Runtime's own form."""
+    return precision == "int4" and options.head_bits == 8 and method != "ort"
+
+
 def _algo_config(form: ComputeForm, method: str):
     from onnxruntime.quantization import matmul_nbits_quantizer as mnb
 
@@ -144,8 +150,8 @@ def quantize_graph(src: Path, dst: Path, precision: str, method: str = "rtn", in
         if max_context:
             attention.fuse_attention(model, max_context, gqa_probe.form_row_independent)
     chosen, carried = compute_form(precision, options), 0
-    if lm_head and chosen.bits == 4 and options.head_bits == 8 and method != "ort":
-        chosen = FORMS["int8"]  # row-independent at every block size; a GGUF's own head blocks still carry
+    if lm_head and wider_head(precision, method, options):
+        chosen = FORMS["int8"]  # a GGUF's own head blocks still carry as they are
     if method != "ort":
         carried = _own_blocks(model, chosen, "absmax" if method == "rtn" else method, index, outliers, grams,
                               fold=not options.exact_offsets)

@@ -31,7 +31,8 @@ from ..constants import PRECISIONS
 from ..errors import ConfigError, RowDependenceError, require
 from . import feeds as feeds_io, gqa_probe
 from .attention import fused_count
-from .compute import FORMS as COMPUTE_FORMS, INT4_BLOCKS, ComputeOptions, quantize_embedding, quantize_graph
+from .compute import (FORMS as COMPUTE_FORMS, INT4_BLOCKS, ComputeOptions, quantize_embedding, quantize_graph,
+                      wider_head)
 from .rewrites import drop_activation_qdq, float_matmuls, fold_weight_transposes, int8_weights_to_fp8, to_fp16
 
 log = logging.getLogger("specdeploy")
@@ -116,7 +117,7 @@ def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str,
         fused[name] = fused_count(dst) if plan[name] in COMPUTE_FORMS else 0
         files[Path(graph.file).stem] = dst if plan[name] != "fp32" else src
         blocks = f" in blocks of {options.int4_block}" if plan[name] == "int4" and options.int4_block else ""
-        if name == io_names.HEAD and plan[name] == "int4" and options.head_bits == 8 and method != "ort":
+        if name == io_names.HEAD and wider_head(plan[name], method, options):
             blocks += " (the LM head at 8 bits)"
         channels = found.get(name) or {}
         kept = (f"; {sum(map(len, channels.values()))} activation outlier channels of {len(channels)} matmul "
