@@ -236,7 +236,7 @@ def test_step_profile_counts_each_op_types_kernels_a_step(tiny_bundle):
 @pytest.mark.parametrize("script, bundles", [("arena_ab", 1), ("huge_pages_ab", 1), ("prefill_ab", 1), ("copy_length_ab", 1), ("outlier_channels", 1),
                                              ("quality_compare", 2), ("round_overhead", 1),
                                              ("offset_cost", 1), ("step_profile", 1), ("pass_costs", 1),
-                                             ("requant_error", 1)])
+                                             ("requant_error", 1), ("static_ngram_bound", 1)])
 def test_a_script_given_no_bundle_says_so_in_one_line(script, bundles, tmp_path):
     import subprocess
     import sys
@@ -331,3 +331,66 @@ def test_copy_replay_runs_on_a_bundle(tiny_bundle):
     assert lines[1].split() == ["category", "default", "pooled", "copy", "all", "fixed", "rule", "bound"]
     assert sum(line.startswith("overall") for line in lines) == 2
     assert lines[-5].startswith("first copies accepted") and lines[-1].startswith("  4:")
+
+
+def test_static_ngram_table_offers_the_most_frequent_follower_backing_off():
+    """[1, 2, 3] went on with 4 twice and 5 once: the table offers 4; an n-gram it never saw backs
+    off to the shorter ones it did."""
+    script = _script("static_ngram_bound")
+    table = script.build_table([[1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3, 4]])
+    assert table[(1, 2, 3)] == (4, 2 / 3, 3) and table[(3,)][0] == 4 and (9,) not in table
+    assert script.chain(table, [9, 1, 2], 4, 3) == [3, 4, 1]  # (9, 1, 2) unseen: (1, 2) -> 3, then (1, 2, 3) -> 4
+    assert script.chain(table, [9], 4, 3) == []
+    assert script.table_copy(table, [9, 1, 2], [3, 4, 1, 7], 3) == 3
+    assert script.table_copy(table, [9, 1, 2], [3, 5], 3) == 1
+    assert script.evidence(table, [9, 1, 2, 3]) == ((3, 0.5, False), 4)  # (1, 2, 3): share 2/3, followed 3 times
+    assert script.evidence(table, [9]) is None
+
+
+def test_static_ngram_bound_counts_rounds_the_table_alone_wins():
+    """The output repeats nothing of its short prompt: the context copies only its own second half,
+    the table (built from the same text) the first half too, in fewer rounds."""
+    script = _script("static_ngram_bound")
+    output = [1, 2, 3, 4, 1, 2, 3, 4, 9]
+    context, won = script.rounds_with_table([7, 8], output, None, (1, 4), 4)
+    assert (context, won) == ([0, 0, 0, 0, 3], 0)
+    table = script.build_table([output])
+    rounds, won = script.rounds_with_table([7, 8], output, table, (1, 4), 4)
+    assert rounds == [4, 2] and won == 1
+    assert sum(rounds) + len(rounds) == sum(context) + len(context) == len(output) - 1
+
+
+def test_static_ngram_bound_drafts_one_table_token_where_its_class_pays():
+    """Where no context copy holds, a paying class drafts the table's token (accepted or not, it costs
+    a row); a class that does not pay leaves a plain step; the priced speedup counts drafted rows."""
+    script = _script("static_ngram_bound")
+    table = script.build_table([[1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3, 4]])
+    prompt, output = [9], [1, 2, 3, 4, 6]
+    proposals = script.first_proposals(table, [(prompt, output)], (1, 4))
+    assert proposals == {(1, 0.9, False): [1, 1], (2, 0.9, False): [1, 1], (3, 0.5, False): [1, 1],
+                         (4, 0.9, False): [1, 0]}
+    paying = {(2, 0.9, False), (4, 0.9, False)}
+    rounds = script.rounds_with_classes(prompt, output, table, paying, (1, 4), 4)
+    # (1,) -> 2 does not pay: a plain step; then (1, 2) -> 3 drafted and accepted; the last round has no room
+    assert rounds == [(0, 0), (1, 1), (0, 0)]
+    from specdeploy.runtime.costs import CostModel
+
+    costs = CostModel(1, 1.0, {1: 1.0, 2: 1.5}, {1: 0.0, 2: 0.0}, 0.0)
+    assert script.speedup([(1, 1), (0, 0)], costs) == 3 / 2.5
+    assert script.speedup([(0, 1)], costs) == 1 / 1.5
+
+
+def test_static_ngram_bound_runs_on_a_bundle(tiny_bundle):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "static_ngram_bound.py"), str(tiny_bundle),
+                          "--corpus-prompts", "2", "--corpus-tokens", "8", "--prompts-per-category", "1",
+                          "--max-tokens", "8"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    first, price, header, *rows = out.stdout.splitlines()
+    assert first.startswith("table: ") and "from 2 answers" in first
+    assert price.startswith("a second row costs ") and "evidence classes pay" in price
+    assert rows[-1].startswith("overall") and len(rows) == 8
+    context, table, paying = (float(rows[-1].split()[i].rstrip("×")) for i in (1, 2, 3))
+    assert table >= context > 0 and paying > 0  # the table only adds candidates to the clairvoyant copy
