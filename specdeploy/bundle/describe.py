@@ -23,24 +23,7 @@ def describe(bundle: Path) -> str:
         f"precision   {m.precision}" + (f" (int4 blocks of {m.extra['int4_block_size']})"
                                          if "int4_block_size" in m.extra else ""),
     ]
-    carried, folded = m.extra.get("gguf_carried_weights") or {}, m.extra.get("folded_offsets") or {}
-    if any(carried.values()):
-        by_graph = ", ".join(f"{k} {v}" for k, v in carried.items() if v)
-        line = f"from GGUF   {sum(carried.values())} weights carried losslessly from the source file's blocks ({by_graph})"
-        if any(folded.values()):
-            line = (f"from GGUF   {sum(carried.values())} weights carried from the source file's blocks ({by_graph}): "
-                    f"values and scales losslessly, the float minima folded into {sum(folded.values())} matmuls")
-        lines.append(line)
-    elif any(folded.values()):
-        lines.append(f"offsets     float offsets folded into {sum(folded.values())} matmuls")
-    outliers = m.extra.get("float_outlier_channels") or {}
-    if any(outliers.values()):
-        lines.append(f"outliers    {sum(outliers.values())} activation channels computed in float beside the "
-                     "integer matmuls (" + ", ".join(f"{k} {v}" for k, v in outliers.items() if v) + ")")
-    fused = m.extra.get("fused_attention") or {}
-    if any(fused.values()):
-        lines.append(f"attention   one GroupQueryAttention kernel a layer ({', '.join(f'{k} {v}' for k, v in fused.items() if v)}"
-                     f" layers; ONNX Runtime's CPU provider; KV buffers one row past max context)")
+    lines += _compute_lines(m.extra)
     for name, g in m.graphs.items():
         layers = f" layers {g.kv_layers[0]}..{g.kv_layers[1] - 1}" if g.kv_layers else ""
         lines.append(f"graph       {name:<10} {g.file:<16} {g.precision}{layers}")
@@ -59,6 +42,31 @@ def describe(bundle: Path) -> str:
     if m.tensorrt:
         lines.append(f"tensorrt    {m.tensorrt['version']} for compute capability {m.tensorrt['compute_capability']}")
     return "\n".join(lines)
+
+
+def _compute_lines(extra: dict) -> list[str]:
+    """How an integer bundle computes: what its GGUF carried, folded offsets, float outlier channels,
+    fused attention (each only where the bundle has it)."""
+    lines = []
+    carried, folded = extra.get("gguf_carried_weights") or {}, extra.get("folded_offsets") or {}
+    if any(carried.values()):
+        by_graph = ", ".join(f"{k} {v}" for k, v in carried.items() if v)
+        line = f"from GGUF   {sum(carried.values())} weights carried losslessly from the source file's blocks ({by_graph})"
+        if any(folded.values()):
+            line = (f"from GGUF   {sum(carried.values())} weights carried from the source file's blocks ({by_graph}): "
+                    f"values and scales losslessly, the float minima folded into {sum(folded.values())} matmuls")
+        lines.append(line)
+    elif any(folded.values()):
+        lines.append(f"offsets     float offsets folded into {sum(folded.values())} matmuls")
+    outliers = extra.get("float_outlier_channels") or {}
+    if any(outliers.values()):
+        lines.append(f"outliers    {sum(outliers.values())} activation channels computed in float beside the "
+                     "integer matmuls (" + ", ".join(f"{k} {v}" for k, v in outliers.items() if v) + ")")
+    fused = extra.get("fused_attention") or {}
+    if any(fused.values()):
+        lines.append(f"attention   one GroupQueryAttention kernel a layer ({', '.join(f'{k} {v}' for k, v in fused.items() if v)}"
+                     f" layers; ONNX Runtime's CPU provider; KV buffers one row past max context)")
+    return lines
 
 
 def _calibration(cal: dict) -> str:

@@ -187,17 +187,9 @@ def quantize_bundle(bundle: Path, precision: str, draft_precision: str | None = 
         shutil.move(str(out / manifest.weights), str(bundle / manifest.weights))
     if tensorrt:
         graphs = _tensorrt_forms(bundle, graphs, echo)
-    extra = {**manifest.extra, "gguf_carried_weights": carried} if any(carried.values()) else manifest.extra
-    if any(folded.values()):
-        extra = {**extra, "folded_offsets": folded}
-    if any(fused.values()):
-        extra = {**extra, "fused_attention": {n: c for n, c in fused.items() if c}}
-        if any(fused_count(bundle / g.file, windowed=True) for n, g in graphs.items() if fused[n]):
-            extra = {**extra, attention_window.SHIFT_KEY: attention_window.shift()}
-    if any(found.values()):
-        extra = {**extra, "float_outlier_channels": {n: int(sum(map(len, c.values()))) for n, c in found.items()}}
-    if "int4" in plan.values():
-        extra = {**extra, "int4_block_size": options.int4_block or COMPUTE_FORMS["int4"].block_size}
+    counts = {"gguf_carried_weights": carried, "folded_offsets": folded, "fused_attention": fused,
+              "float_outlier_channels": {n: int(sum(map(len, c.values()))) for n, c in found.items()}}
+    extra = _extra(manifest.extra, counts, bundle, graphs, plan, options)
     manifest = manifest.replace(graphs=graphs, precision=label, row_check=None, extra=extra,
                                 kv_spare_rows=int(unfused is None))
     manifest = manifest.replace(row_check=row_check.require(bundle, manifest, echo))
@@ -205,6 +197,22 @@ def quantize_bundle(bundle: Path, precision: str, draft_precision: str | None = 
     echo(exit_agreement.describe(manifest))
     manifest_io.write(bundle, manifest)
     return bundle
+
+
+def _extra(extra: dict, counts: dict[str, dict[str, int]], bundle: Path, graphs: dict, plan: dict,
+           options: ComputeOptions) -> dict:
+    """The manifest's record of what quantizing did: each count per graph where any is non-zero (fused
+    attention only for the graphs that have it), the attention window's shift where a fused layer is
+    windowed, and int4's block size."""
+    extra = {**extra, **{key: c for key, c in counts.items() if any(c.values())}}
+    fused = counts["fused_attention"]
+    if any(fused.values()):
+        extra["fused_attention"] = {n: c for n, c in fused.items() if c}
+        if any(fused_count(bundle / g.file, windowed=True) for n, g in graphs.items() if fused.get(n)):
+            extra[attention_window.SHIFT_KEY] = attention_window.shift()
+    if "int4" in plan.values():
+        extra["int4_block_size"] = options.int4_block or COMPUTE_FORMS["int4"].block_size
+    return extra
 
 
 def _tensorrt_forms(bundle: Path, graphs: dict, echo) -> dict:
