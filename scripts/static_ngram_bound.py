@@ -23,7 +23,7 @@ from collections import Counter, defaultdict
 import numpy as np
 
 from specdeploy import Engine, GenerationConfig
-from specdeploy.bench.bound import best_copy, pass_cost
+from specdeploy.bench.bound import best_copy, clairvoyant_rounds, pass_cost
 from specdeploy.bench.sides import encode
 from specdeploy.prompts import bench_prompts, calibration_conversations
 from specdeploy.runtime.costs import measure
@@ -81,10 +81,11 @@ def table_copy(table: dict, history: list[int], future: list[int], room: int, or
     return best
 
 
-def rounds_with_table(prompt: list[int], output: list[int], table: dict | None, ngram: tuple[int, int],
+def rounds_with_table(prompt: list[int], output: list[int], table: dict, ngram: tuple[int, int],
                       num_draft_tokens: int) -> tuple[list[int], int]:
     """(accepted drafts per round, rounds where only the table's continuation held longest), each round
-    copying the longest continuation the context (and the table, if given) offers."""
+    copying the longest continuation the context or the table offers (bench.bound.clairvoyant_rounds
+    with the table as a second source)."""
     tokens = list(prompt) + list(output)
     array, start, position = np.asarray(tokens, np.int64), len(prompt), 1
     rounds, from_table = [], 0
@@ -92,7 +93,7 @@ def rounds_with_table(prompt: list[int], output: list[int], table: dict | None, 
         room = min(num_draft_tokens, len(output) - position - 1)
         here = start + position
         context = best_copy(array[:here], array[here:], ngram, room)
-        static = table_copy(table, tokens[:here], tokens[here:], room) if table and room else 0
+        static = table_copy(table, tokens[:here], tokens[here:], room) if room else 0
         from_table += static > context
         rounds.append(max(context, static))
         position += rounds[-1] + 1
@@ -159,7 +160,7 @@ def decode(engine: Engine, per_category: int, max_tokens: int) -> dict[str, list
 def category_rounds(pairs, table: dict, paying: set, ngram: tuple[int, int], gamma: int) -> tuple[dict, int]:
     """The (accepted, drafted) rounds of each way of drafting over `pairs`, and the rounds the table alone won."""
     both = [rounds_with_table(p, o, table, ngram, gamma) for p, o in pairs]
-    rounds = {"context": [(r, r) for p, o in pairs for r in rounds_with_table(p, o, None, ngram, gamma)[0]],
+    rounds = {"context": [(r, r) for p, o in pairs for r in clairvoyant_rounds(p, o, ngram, gamma)],
               "table": [(r, r) for found, _ in both for r in found],
               "paying": [r for p, o in pairs for r in rounds_with_classes(p, o, table, paying, ngram, gamma)]}
     return rounds, sum(won for _, won in both)
