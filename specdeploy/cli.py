@@ -8,7 +8,8 @@ from pathlib import Path
 import click
 
 from .constants import (BACKENDS, DEFAULT_BACKEND, DEFAULT_BUNDLE, DEFAULT_DRAFT_SOURCE, DEFAULT_LOOKUP_NGRAM,
-                        DEFAULT_MAX_CONTEXT, DEFAULT_NUM_DRAFT_TOKENS, DEFAULT_OPSET, DEFAULT_PREFILL_CHUNK, OPSETS,
+                        DEFAULT_MAX_CONTEXT, DEFAULT_NUM_DRAFT_TOKENS, DEFAULT_OPSET, DEFAULT_PREFILL_CHUNK,
+                        DEFAULT_QUANT_METHOD, OPSETS,
                         PRECISIONS, PROVIDERS, QUANTIZED_PRECISIONS, QUANT_METHODS, SOURCES)
 from .errors import SpecDeployError
 
@@ -16,6 +17,8 @@ PRECISION = click.Choice(PRECISIONS)
 SOURCE = click.Choice(SOURCES)
 PROVIDER = click.Choice(PROVIDERS)
 BACKEND = click.Choice(BACKENDS)
+SOURCE_PRECISION = (" Default: the source's own (a quantized GGUF stays int4, or int8 for an 8-bit file, its blocks "
+                    "carried losslessly; a Hugging Face directory fp32).")
 
 
 class _Group(click.Group):
@@ -69,22 +72,22 @@ def _int_or_auto(value: str, name: str):
         raise click.BadParameter(f"{name} must be an integer or 'auto'") from None
 
 
-def _precision_options(choices=PRECISION, default="fp32"):
+def _precision_options(choices=PRECISION, default=None, required=False, default_help=""):
     def decorate(f):
         f = click.option("--verify-precision", type=PRECISION, default=None,
                          help="Override for the verify graph and head.")(f)
         f = click.option("--draft-precision", type=PRECISION, default=None,
                          help="Override for the draft graph and draft head.")(f)
-        f = click.option("--method", type=click.Choice(QUANT_METHODS), default="rtn", show_default=True,
+        f = click.option("--method", type=click.Choice(QUANT_METHODS), default=DEFAULT_QUANT_METHOD,
+                         show_default=True,
                          help="How int4/int8 blocks are rounded where a GGUF's own blocks do not carry over: "
-                              "round to nearest, per-block squared-error scales, each 32's [min, max] with a "
-                              "float offset (Q4_1's form, slower), GPTQ (round to nearest with each row's "
-                              "error folded into the rows after it, against the calibration text's "
-                              "activations: the most accurate symmetric grid), or ONNX Runtime's own "
-                              "quantizer for every weight, GGUF or not (no exact TensorRT form at int8).")(f)
-        return click.option("--precision", type=choices, default=default, required=default is None,
-                            show_default=default is not None,
-                            help="int4/int8: integer compute (MatMulNBits); fp16/fp8: weight-only.")(f)
+                              "gptq (each row's error folded into the rows after it, against the calibration "
+                              "text's activations: the lowest error, 97% top-1 on the example), minmax (each "
+                              "32's [min, max] with a float offset), mse (per-block squared-error scales), rtn "
+                              "(round to nearest: fast, lossy), or ort (ONNX Runtime's own quantizer for every "
+                              "weight, GGUF or not; no exact TensorRT form at int8).")(f)
+        return click.option("--precision", type=choices, default=default, required=required,
+                            help="int4/int8: integer compute (MatMulNBits); fp16/fp8: weight-only." + default_help)(f)
     return decorate
 
 
@@ -109,7 +112,7 @@ def _ngram_option(default=DEFAULT_LOOKUP_NGRAM, purpose="recorded as the default
               help="Default draft source recorded in the bundle (hybrid: lookup, else the faster of early exit and plain).")
 @_ngram_option()
 @click.option("--calibrate/--no-calibrate", default=False, help="Train an exit adapter and tune drafting (needs the export extra).")
-@_precision_options()
+@_precision_options(default_help=SOURCE_PRECISION)
 @_prompts_option
 @click.option("--no-validate", is_flag=True, help="Skip the ONNX Runtime vs PyTorch parity check.")
 @click.option("--backend", type=BACKEND, default=DEFAULT_BACKEND, show_default=True,
@@ -140,7 +143,7 @@ def export(model, exit_layer, num_draft_tokens, max_context, output, draft_sourc
 @click.option("--output", "-o", default=Path(DEFAULT_BUNDLE), type=click.Path(path_type=Path), show_default=True)
 @_prompts_option
 @_ngram_option()
-@_precision_options()
+@_precision_options(default_help=SOURCE_PRECISION)
 def calibrate(model, exit_layer, num_draft_tokens, max_context, output, prompts_file, lookup_ngram, precision,
               draft_precision, verify_precision, method):
     """Calibrate early exit (adapter, draft vocabulary, autotune) and export a bundle.
@@ -193,7 +196,7 @@ def generate(bundle, prompt, max_tokens, temperature, greedy, top_k, top_p, seed
 
 @main.command()
 @click.argument("bundle", type=click.Path(path_type=Path))
-@_precision_options(choices=click.Choice(QUANTIZED_PRECISIONS), default=None)
+@_precision_options(choices=click.Choice(QUANTIZED_PRECISIONS), required=True)
 @_prompts_option
 @click.option("--output", "-o", type=click.Path(path_type=Path), required=True,
               help="Where to write the quantized bundle (may be BUNDLE itself: replaced only once whole).")
@@ -221,23 +224,26 @@ def quantize(bundle, precision, draft_precision, verify_precision, method, promp
              int4_block, int4_head_bits, no_fuse, float_outliers, exact_offsets, attention):
     """Write a quantized copy of the fp32 BUNDLE and print its quality report."""
     from .quantization.compute import ComputeOptions
+    from .quantization.options import QuantizeOptions
     from .quantization.quantize import quantize as run_quantize
 
-    options = ComputeOptions(int4_block=None if int4_block == "auto" else int(int4_block), fuse=not no_fuse,
+    compute = ComputeOptions(int4_block=None if int4_block == "auto" else int(int4_block), fuse=not no_fuse,
                              float_outliers=float_outliers, exact_offsets=exact_offsets,
                              fused_attention=attention == "fused", head_bits=int(int4_head_bits))
-    path = run_quantize(bundle, output, precision, draft_precision, verify_precision, prompts_file, click.echo,
-                        method=method, tensorrt=tensorrt, options=options)
+    options = QuantizeOptions(precision, draft_precision, verify_precision, method, tensorrt, prompts_file,
+                              compute=compute)
+    path = run_quantize(bundle, output, options, click.echo)
     click.echo(f"quantized bundle written to {path}")
 
 
 @main.command()
 @click.argument("bundle", type=click.Path(path_type=Path))
-def inspect(bundle):
+@click.option("--verify", is_flag=True, help="Also check every file's SHA-256 against the manifest (reads every byte).")
+def inspect(bundle, verify):
     """Show what BUNDLE holds: model, split, graphs, precision, calibration, engines."""
     from .bundle.describe import describe
 
-    click.echo(describe(bundle))
+    click.echo(describe(bundle, verify))
 
 
 @main.command("build-engines")

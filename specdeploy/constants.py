@@ -24,6 +24,8 @@ PRECISIONS = ("fp32", "fp16", "int8", "int4", "fp8")
 QUANTIZED_PRECISIONS = ("fp16", "int8", "int4", "fp8")
 COMPUTE_PRECISIONS = ("int8", "int4")   # MatMulNBits: integer kernels; the others are weight-only
 QUANT_METHODS = ("rtn", "mse", "minmax", "gptq", "ort")   # how int4/int8 blocks are rounded (quantization.compute)
+# the lowest output error of those (docs/precision.md); rtn is the fast, lossy option
+DEFAULT_QUANT_METHOD = "gptq"
 
 BACKENDS = ("onnxruntime", "tensorrt")
 DEFAULT_BACKEND = "onnxruntime"

@@ -56,10 +56,3 @@ def require(module: str, extra: str, purpose: str):
             f"install it with: pip install 'specdeploy[{extra}]'"
         ) from None
 
-
-def run_script(main) -> None:
-    """Run a script's main(): a user error ends it with its one-line message and exit status 1."""
-    try:
-        main()
-    except SpecDeployError as exc:
-        raise SystemExit(f"error: {exc}") from None

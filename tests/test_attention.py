@@ -9,8 +9,9 @@ from specdeploy.cli import main
 from specdeploy.config import GenerationConfig
 from specdeploy.errors import BackendError
 from specdeploy.quantization import tensorrt_form
-from specdeploy.quantization.gqa_probe import kernel_row_independent
+from specdeploy.optimize.gqa_probe import kernel_row_independent
 from specdeploy.quantization.quantize import quantize
+from specdeploy.quantization.options import QuantizeOptions
 from specdeploy.runtime.engine import Engine
 
 FUSED_HERE = kernel_row_independent(4, 2, 16)  # the tiny models' heads: 4 query, 2 KV, 16 wide
@@ -19,8 +20,7 @@ FUSED_HERE = kernel_row_independent(4, 2, 16)  # the tiny models' heads: 4 query
 @pytest.fixture(scope="module")
 def int4_bundle(tiny_bundle, tmp_path_factory):
     lines = []
-    out = quantize(tiny_bundle, tmp_path_factory.mktemp("attention") / "int4", "int4", report=False,
-                   echo=lines.append)
+    out = quantize(tiny_bundle, tmp_path_factory.mktemp("attention") / "int4", QuantizeOptions("int4", report=False), echo=lines.append)
     return out, lines
 
 
@@ -100,7 +100,7 @@ def test_a_row_dependent_fused_bundle_is_refused_with_the_way_out(int4_bundle, m
 
 def test_the_shipped_window_probe_is_the_model_the_code_makes():
     from specdeploy.backends import attention_window
-    from specdeploy.quantization.gqa_probe import window_probe_model
+    from specdeploy.optimize.gqa_probe import window_probe_model
 
     assert onnx.load(str(attention_window.PROBE)).SerializeToString() == window_probe_model().SerializeToString()
     assert attention_window.shift() in (0, 1)  # the two counts measured (ONNX Runtime 1.32, 1.23)

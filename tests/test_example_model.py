@@ -59,10 +59,10 @@ def test_int4_example_bundle_is_row_independent_exact_and_smaller(example_bundle
     bits), and the quality report's targets: top-1 agreement >= 90%, perplexity within 10%."""
     from specdeploy.bundle import manifest as manifest_io
     from specdeploy.bundle.describe import describe
-    from specdeploy.quantization.quantize import quantize
+    from specdeploy.quantization.quantize import QuantizeOptions, quantize
 
     lines = []
-    bundle = quantize(example_bundle, tmp_path / "int4", "int4", echo=lines.append)
+    bundle = quantize(example_bundle, tmp_path / "int4", QuantizeOptions("int4"), echo=lines.append)
     manifest = manifest_io.read(bundle)
     assert manifest.row_check["passed"] and "embedding: 8-bit blocks (GatherBlockQuantized)" in lines
     fp32_bytes = (example_bundle / "weights.bin").stat().st_size
@@ -95,9 +95,9 @@ def test_int8_example_bundle_keeps_activation_outliers_in_float(example_bundle, 
     (98%; 99.2% on the VNNI machine the docs record, whose integer kernels differ from AVX2's, so
     held here at 97%) with perplexity within 2%, rows independent, greedy speculative == plain."""
     from specdeploy.bundle import manifest as manifest_io
-    from specdeploy.quantization.quantize import quantize
+    from specdeploy.quantization.quantize import QuantizeOptions, quantize
 
-    bundle = quantize(example_bundle, tmp_path / "int8", "int8", echo=lambda line: None)
+    bundle = quantize(example_bundle, tmp_path / "int8", QuantizeOptions("int8"), echo=lambda line: None)
     manifest = manifest_io.read(bundle)
     q, found = manifest.quality, manifest.extra["float_outlier_channels"]
     assert manifest.row_check["passed"] and found["verify"] > 100 and found["draft"] > 20
@@ -114,13 +114,13 @@ def test_gptq_re_quantizes_the_example_closer_to_fp32_than_round_to_nearest(exam
     import shutil
 
     from specdeploy.bundle import manifest as manifest_io
-    from specdeploy.quantization.quantize import quantize
+    from specdeploy.quantization.quantize import QuantizeOptions, quantize
 
     source = shutil.copytree(example_bundle, tmp_path / "fp32")  # copies: onnx refuses hard-linked data
     manifest = manifest_io.read(source)
     manifest_io.write(source, manifest.replace(extra={k: v for k, v in manifest.extra.items() if k != "source"}))
     lines = []
-    bundle = quantize(source, tmp_path / "int4", "int4", method="gptq", echo=lines.append)
+    bundle = quantize(source, tmp_path / "int4", QuantizeOptions("int4", method="gptq"), echo=lines.append)
     manifest = manifest_io.read(bundle)
     assert "gguf_carried_weights" not in manifest.extra and manifest.row_check["passed"]
     q = manifest.quality

@@ -5,7 +5,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from specdeploy.quantization import fusion, tensorrt_form
+from specdeploy.optimize import fusion
+from specdeploy.quantization import tensorrt_form
 
 RNG = np.random.default_rng(0)
 HEADS, ROWS, DIM = 2, 3, 8

@@ -81,10 +81,10 @@ def test_gemma3_q4_k_m_is_carried_into_int4_exactly(gemma, tmp_path):
     """Every weight of the Q4_K_M file (Q4_K with its minima folded into the matmuls where rows
     allow; Q5_0, Q6_K, Q8_0 as int8) comes over as the file's own blocks: the int4 bundle is fp32's
     model to int8-activation noise."""
-    from specdeploy.quantization.quantize import quantize
+    from specdeploy.quantization.quantize import QuantizeOptions, quantize
 
     bundle, _ = gemma
-    out = quantize(bundle, tmp_path / "int4", "int4", echo=lambda s: None)
+    out = quantize(bundle, tmp_path / "int4", QuantizeOptions("int4"), echo=lambda s: None)
     m = manifest_io.read(out)
     assert sum(m.extra["gguf_carried_weights"].values()) == 18 * 4 + 1   # q/k/v, o, gate/up, down; head
     q = m.quality

@@ -3,7 +3,7 @@ correlated activations), and round-to-nearest itself when the activations do not
 import numpy as np
 import onnx
 import pytest
-from test_quantize import _matmul_model, _session, assert_rows_independent
+from test_quantize import INT4_ROW_BLOCK, _matmul_model, _session, assert_rows_independent
 
 from specdeploy.quantization import compute, gptq, nbits
 
@@ -59,10 +59,11 @@ def test_gptq_blocks_run_as_matmulnbits_with_rows_independent():
     x, w = _activations(rng), rng.normal(size=(128, 40)).astype(np.float32)
     h = x.T.astype(np.float64) @ x
     model = _matmul_model(w)
-    compute._own_blocks(model, compute.ComputeForm(bits=4, block_size=32), "gptq", grams={"x": h})
+    block = INT4_ROW_BLOCK  # the block int4 bundles use on this CPU
+    compute._own_blocks(model, compute.ComputeForm(bits=4, block_size=block), "gptq", grams={"x": h})
     onnx.checker.check_model(model)
     session = _session(model)
     rows = x[None, :6]
-    want = rows @ gptq.quantize(w, h, 4, 32, "minmax").dequantize()
+    want = rows @ gptq.quantize(w, h, 4, block, "minmax").dequantize()
     np.testing.assert_allclose(session.run(None, {"x": rows})[0], want, rtol=0.05, atol=0.05 * np.abs(want).max())
     assert_rows_independent(session, rows)

@@ -2,10 +2,11 @@
 
 The layers, bottom to top (docs/DESIGN.md has the map):
 
-    core (constants, errors, config, jsonl, prompts) < bundle < backends < runtime
+    core (constants, errors, config, jsonl, prompts) < bundle < backends < runtime < optimize
         < calibration, quantization < export < bench, serve, triton < cli
 
-Every import is checked, also those inside functions (lazy imports still create the dependency).
+Every import is checked, also those inside functions (lazy imports still create the dependency),
+and no modules import each other in a cycle, inside a layer or across.
 """
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "specdeploy"
 CORE = ("constants", "errors", "config", "jsonl", "prompts")
-RANK = {"core": 0, "bundle": 1, "backends": 2, "runtime": 3, "calibration": 4, "quantization": 4,
-        "export": 5, "bench": 6, "serve": 6, "triton": 6, "cli": 7}
+RANK = {"core": 0, "bundle": 1, "backends": 2, "runtime": 3, "optimize": 4, "calibration": 5, "quantization": 5,
+        "export": 6, "bench": 7, "serve": 7, "triton": 7, "cli": 8}
 HEAVY = {"torch", "transformers", "onnx", "onnxscript", "gguf", "accelerate", "matplotlib"}
 SERVING = {"starlette", "uvicorn", "tritonclient"}
 # third-party packages a layer may never import (click: only the CLI, checked separately)
@@ -26,6 +27,7 @@ BANNED = {
     "bundle": (HEAVY - {"onnx"}) | SERVING,   # the weights writer reads graphs with onnx, lazily
     "backends": HEAVY | SERVING,
     "runtime": HEAVY | SERVING,
+    "optimize": (HEAVY - {"onnx"}) | SERVING,
 }
 IMPORT_NOTHING_OF_OURS = ("constants", "errors")
 
@@ -122,3 +124,57 @@ def test_the_check_catches_each_kind_of_violation(module, source, fragment):
 def test_allowed_imports_pass_the_check():
     assert violations("specdeploy.export.pipeline", "from ..quantization.quantize import quantized_copy") == []
     assert violations("specdeploy.runtime.engine", "from ..bundle import manifest\nimport numpy") == []
+
+
+def import_graph(modules) -> dict[str, set[str]]:
+    """Module -> the package modules it imports (a name that is a package's attribute, e.g.
+    `from . import io_names`, resolves to the module of that name)."""
+    known = {m for m, _, _ in modules}
+    graph = {}
+    for module, source, is_package in modules:
+        targets = set()
+        for target in imports(module, source, is_package):
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != module and not is_package_of(target, module):
+                targets.add(target)
+        graph[module] = targets
+    return graph
+
+
+def is_package_of(package: str, module: str) -> bool:
+    return module.startswith(package + ".")
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle through each strongly connected group of modules (depth-first search)."""
+    found, done, stack = [], set(), []
+
+    def visit(node):
+        if node in stack:
+            found.append(stack[stack.index(node):] + [node])
+            return
+        if node in done:
+            return
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            visit(nxt)
+        stack.pop()
+        done.add(node)
+
+    for node in sorted(graph):
+        visit(node)
+    return found
+
+
+def test_no_modules_import_each_other_in_a_cycle():
+    found = cycles(import_graph(list(package_modules())))
+    assert not found, "\n".join(" -> ".join(c) for c in found)
+
+
+def test_the_cycle_check_finds_a_cycle_inside_a_package():
+    """Control: two modules of one package importing each other (as triton's repository and
+    manifests once did) are reported."""
+    modules = [("specdeploy.triton.a", "from .b import x", False), ("specdeploy.triton.b", "def f():\n    from .a import y", False),
+               ("specdeploy.triton.c", "from .a import z", False)]
+    assert cycles(import_graph(modules)) == [["specdeploy.triton.a", "specdeploy.triton.b", "specdeploy.triton.a"]]

@@ -6,7 +6,7 @@ The kernel's `local_window_size` is counted differently across releases, measure
 bundle quantized under one and run under the other would attend to one key too many or too few
 past the window: plausible text, not the model's. So quantize records the shift it built with
 (window = local_window_size + shift) and loading measures it again with a one-node probe shipped
-beside this module (made by quantization.gqa_probe.window_probe_model, which needs `onnx`; the
+beside this module (made by optimize.gqa_probe.window_probe_model, which needs `onnx`; the
 runtime does not).
 """
 from __future__ import annotations

@@ -10,9 +10,10 @@ import subprocess
 import sys
 
 from ..config import GenerationConfig
+from ..errors import SpecDeployError
 from ..runtime.engine import Engine
 from ..prompts import BENCH_PROMPTS
-from .sides import encode
+from .encoding import encode
 
 
 def _peak_mb() -> float:
@@ -34,7 +35,11 @@ def compare(bundle, max_new_tokens: int = 64) -> dict:
     out = {}
     for mode in ("plain", "speculative"):
         proc = subprocess.run([sys.executable, "-m", "specdeploy.bench.memory", str(bundle), mode,
-                               str(max_new_tokens)], capture_output=True, text=True, check=True)
+                               str(max_new_tokens)], capture_output=True, text=True)
+        if proc.returncode:
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise SpecDeployError(f"the {mode} memory measurement failed ({last}); rerun it with "
+                             f"'python -m specdeploy.bench.memory {bundle} {mode}' to see why")
         out[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
     plain, spec = out["plain"]["peak_mb"], out["speculative"]["peak_mb"]
     out["speculative_overhead"] = round(spec / plain - 1.0, 4)

@@ -24,7 +24,7 @@ from ..errors import ConfigError
 from ..runtime.timing import repeat_speedups
 from . import peer_runners as runners
 from .report import speedup_range, spread
-from .sides import encode
+from .encoding import encode
 
 ALL_PEERS = ("ortgenai-fp32", "ortgenai-int8", "ortgenai-int4", "llama.cpp", "optimum", "hf")
 

@@ -149,8 +149,10 @@ def run(config: BenchConfig) -> dict:
     from .report import summarise
 
     prompt_set = prompt_sets.load_bench_prompts(config.prompts_file) if config.prompts_file else prompt_sets.bench_prompts()
+    from ..bundle import manifest as manifest_io
     from . import memory
 
+    manifest_io.read(config.bundle)  # a damaged bundle is named before anything is measured
     # first, while this process maps nothing: pages two processes share are never paged out
     peak_memory = memory.compare(config.bundle, config.max_new_tokens)
     with Engine(config.bundle) as engine:

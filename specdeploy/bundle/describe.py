@@ -3,11 +3,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from . import files as files_io
 from . import manifest as manifest_io
 
 
-def describe(bundle: Path) -> str:
+def describe(bundle: Path, verify: bool = False) -> str:
+    """`verify`: also check every file's SHA-256 (reads every byte; a mismatch raises BundleError)."""
     m = manifest_io.read(bundle)
+    checked = files_io.verify(bundle, m) if verify else None
     info = m.model
     lines = [
         f"bundle      {Path(bundle).resolve()} (schema {m.schema_version})",
@@ -41,6 +44,9 @@ def describe(bundle: Path) -> str:
         lines.append(f"quality     {_quality(m.quality)}")
     if m.tensorrt:
         lines.append(f"tensorrt    {m.tensorrt['version']} for compute capability {m.tensorrt['compute_capability']}")
+    lines.append(f"files       {len(m.files)} recorded, sizes match"
+                 + (f"; SHA-256 verified ({checked / 2**20:.0f} MiB read)" if verify else
+                    " (inspect --verify checks their SHA-256)"))
     return "\n".join(lines)
 
 

@@ -12,10 +12,11 @@ from pathlib import Path
 from ..config import check_ngram
 from ..constants import DEFAULT_LOOKUP_NGRAM, DEFAULT_OPSET
 from ..errors import BundleError, ConfigError
-from . import io_names
+from . import files
+from .files import FileRecord
 
 FORMAT = "specdeploy-bundle"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2   # 2: every file's size and SHA-256 recorded (files)
 MANIFEST_FILE = "manifest.json"
 
 
@@ -73,6 +74,7 @@ class Manifest:
     exit_agreement: float | None = None       # runtime.exit_agreement: draft head vs full model, held-out text
     opset: int = DEFAULT_OPSET              # 23 = ScatterND KV writes, for ONNX Runtime < 1.25
     kv_spare_rows: int = 0                    # KV rows past max_context: fused attention's padded row
+    files: dict[str, FileRecord] = field(default_factory=dict)  # every bound file; filled in by write()
     schema_version: int = SCHEMA_VERSION
     format: str = FORMAT
     extra: dict = field(default_factory=dict)
@@ -105,37 +107,26 @@ class Manifest:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
 
 
-def _graph_from(d: dict) -> GraphInfo:
-    kv = d.get("kv_layers")
-    return GraphInfo(
-        file=d["file"], inputs=tuple(d["inputs"]), outputs=tuple(d["outputs"]),
-        kv_layers=tuple(kv) if kv else None, precision=d.get("precision", "fp32"),
-        tensorrt_file=d.get("tensorrt_file"),
-    )
-
-
-def _ngram(value) -> tuple[int, int]:
-    try:
-        return check_ngram(value)
-    except ConfigError as exc:
-        raise BundleError(f"manifest.json: {exc}; fix it there or re-export the bundle") from None
-
-
 def from_dict(d: dict) -> Manifest:
-    if d.get("format") != FORMAT:
+    """The manifest in `d`, every field checked (bundle/schema.py): errors name the field."""
+    from . import schema
+
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
         raise BundleError("not a specdeploy bundle manifest; export one with 'specdeploy export'")
     if d.get("schema_version") != SCHEMA_VERSION:
         raise BundleError(
             f"bundle schema version {d.get('schema_version')} is not supported by this "
             f"specdeploy (needs {SCHEMA_VERSION}); re-export the model"
         )
-    model = dict(d["model"])
-    model["eos_token_ids"] = tuple(model["eos_token_ids"])
-    graphs = {name: _graph_from(g) for name, g in d["graphs"].items()}
-    rest = {k: v for k, v in d.items() if k not in ("model", "graphs")}
-    if "lookup_ngram" in rest:
-        rest["lookup_ngram"] = _ngram(rest["lookup_ngram"])
-    return Manifest(model=ModelInfo(**model), graphs=graphs, **rest)
+    if "files" not in d:
+        schema.fail("files", "is missing")
+    manifest = schema.build(Manifest, d)
+    try:
+        object.__setattr__(manifest, "lookup_ngram", check_ngram(manifest.lookup_ngram))
+    except ConfigError as exc:
+        raise BundleError(f"manifest.json: {exc}; fix it there or re-export the bundle") from None
+    schema.check(manifest)
+    return manifest
 
 
 def read(bundle: Path) -> Manifest:
@@ -147,15 +138,23 @@ def read(bundle: Path) -> Manifest:
         )
     try:
         data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise BundleError(f"{path} is not valid JSON ({exc}); re-export the bundle") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BundleError(f"{path} is not valid JSON ({exc}); copy the bundle again or re-export it") from None
     manifest = from_dict(data)
-    for name in (io_names.DRAFT, io_names.VERIFY, io_names.HEAD):
-        file = Path(bundle) / manifest.graph(name).file
-        if not file.is_file():
-            raise BundleError(f"bundle {bundle} is incomplete: {file.name} is missing; re-export it")
+    files.check_sizes(bundle, manifest)
     return manifest
 
 
-def write(bundle: Path, manifest: Manifest) -> None:
-    (Path(bundle) / MANIFEST_FILE).write_text(manifest.to_json() + "\n")
+def read_verified(bundle: Path) -> Manifest:
+    """`read`, then every file's SHA-256 checked: for commands that derive a new bundle from this one,
+    so that a damaged byte is named here rather than sealed into the new bundle with fresh hashes."""
+    manifest = read(bundle)
+    files.verify(bundle, manifest)
+    return manifest
+
+
+def write(bundle: Path, manifest: Manifest) -> Manifest:
+    """Seal `manifest` into `bundle`: every file it binds recorded with its size and SHA-256."""
+    sealed = manifest.replace(files=files.record(bundle, manifest))
+    (Path(bundle) / MANIFEST_FILE).write_text(sealed.to_json() + "\n")
+    return sealed

@@ -38,8 +38,7 @@ def _costs(model, tokenizer, config, k: int, fitted: FittedExit, vocab_ids, max_
         if config.quantized:
             from ..quantization.quantize import quantize_into
 
-            bundle = quantize_into(bundle, Path(tmp) / "quantized", config.precision, config.draft_precision,
-                                   config.verify_precision, echo=lambda line: None, method=config.method)
+            bundle = quantize_into(bundle, Path(tmp) / "quantized", config.quantize_options(), echo=lambda line: None)
             manifest = manifest_io.read(bundle)
         split = SplitModel(manifest, load_stages(bundle, manifest))
         try:

@@ -16,7 +16,7 @@ from typing import Callable
 from ..config import check_ngram, check_num_draft_tokens, check_source
 from ..constants import (BACKENDS, DEFAULT_BACKEND, DEFAULT_BUNDLE, DEFAULT_DRAFT_SOURCE, DEFAULT_LOOKUP_NGRAM,
                          DEFAULT_MAX_CONTEXT, DEFAULT_NUM_DRAFT_TOKENS, DEFAULT_OPSET, MAX_CONTEXT_RANGE,
-                         OPSETS, PRECISIONS, QUANT_METHODS)
+                         DEFAULT_QUANT_METHOD, OPSETS, PRECISIONS, QUANT_METHODS)
 from ..errors import ConfigError
 
 
@@ -32,10 +32,10 @@ class ExportConfig:
     draft_source: str = DEFAULT_DRAFT_SOURCE
     lookup_ngram: tuple[int, int] = DEFAULT_LOOKUP_NGRAM
     calibrate: bool = False
-    precision: str = "fp32"
+    precision: str | None = None                   # None: the source's own (export/source_precision.py)
     draft_precision: str | None = None             # None: `precision`
     verify_precision: str | None = None            # None: `precision`
-    method: str = "rtn"                            # how int4/int8 weights are rounded: QUANT_METHODS
+    method: str = DEFAULT_QUANT_METHOD             # how int4/int8 weights are rounded: QUANT_METHODS
     prompts_file: Path | None = None               # extra calibration prompts (JSONL)
     validate: bool = True
     backend: str = DEFAULT_BACKEND                 # "tensorrt": also build engines on this machine
@@ -65,7 +65,14 @@ class ExportConfig:
 
     @property
     def quantized(self) -> bool:
-        return {self.precision, self.draft_precision or "fp32", self.verify_precision or "fp32"} != {"fp32"}
+        return {self.precision or "fp32", self.draft_precision or "fp32", self.verify_precision or "fp32"} != {"fp32"}
+
+    def quantize_options(self):
+        """What the quantization step is asked (`precision` decided: see `with_precision`)."""
+        from ..quantization.options import QuantizeOptions
+
+        return QuantizeOptions(self.precision or "fp32", self.draft_precision, self.verify_precision, self.method,
+                               tensorrt=self.backend == "tensorrt", prompts_file=self.prompts_file)
 
     @property
     def needs_calibration(self) -> bool:
@@ -92,10 +99,12 @@ def export(config: ExportConfig, echo: Callable[[str], None] = print, calibratio
         from ..prompts import load_calibration_prompts
 
         load_calibration_prompts(config.prompts_file)
-    model, tokenizer = load(config.source)
-    config.check_layers(model.config.num_hidden_layers)
-    check_context(model.config, config.max_context)
-    echo(f"loaded {config.source.name}: {model.config.model_type}, {model.config.num_hidden_layers} layers")
+    with _one_parse(config.source):
+        model, tokenizer = load(config.source)
+        config.check_layers(model.config.num_hidden_layers)
+        check_context(model.config, config.max_context)
+        echo(f"loaded {config.source.name}: {model.config.model_type}, {model.config.num_hidden_layers} layers")
+        config = with_precision(config, echo)
     with staging_dir(output, ".export-") as staging:
         if config.needs_calibration:
             from ..calibration.steps import CalibrationConfig
@@ -121,8 +130,7 @@ def _quantized(fp32: Path, config: ExportConfig, echo, calibration=None) -> Path
     from ..quantization.quantize import quantized_copy
 
     target = fp32.with_name("quantized")
-    quantized_copy(fp32, target, config.precision, config.draft_precision, config.verify_precision,
-                   config.prompts_file, echo, method=config.method, tensorrt=config.backend == "tensorrt")
+    quantized_copy(fp32, target, config.quantize_options(), echo)
     shutil.rmtree(fp32)
     if config.needs_calibration:
         from ..calibration.steps import CalibrationConfig
@@ -132,11 +140,33 @@ def _quantized(fp32: Path, config: ExportConfig, echo, calibration=None) -> Path
     return target
 
 
+def _one_parse(source: Path):
+    """A GGUF is parsed once for loading and for its precision (export/gguf_reads.py)."""
+    import contextlib
+
+    if source.suffix != ".gguf":
+        return contextlib.nullcontext()
+    from .gguf_reads import parsed_once
+
+    return parsed_once()
+
+
+def with_precision(config: ExportConfig, echo) -> ExportConfig:
+    """`config` with its precision decided: as asked, else the source's own (said in the log)."""
+    if config.precision is not None:
+        return config
+    from .source_precision import choose
+
+    precision, line = choose(config.source)
+    echo(line)
+    return dataclasses.replace(config, precision=precision)
+
+
 def resolve_source(config: ExportConfig) -> ExportConfig:
     """`specdeploy calibrate BUNDLE`: re-calibrate from the model the bundle was exported from."""
     from ..bundle import manifest as manifest_io
 
-    if not (config.source / manifest_io.MANIFEST_FILE).is_file():
+    if not (config.source / manifest_io.MANIFEST_FILE).exists():
         return config
     source = manifest_io.read(config.source).extra.get("source")
     if not source or not Path(source).exists():

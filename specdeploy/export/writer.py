@@ -11,9 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..bundle import io_names
-from ..bundle import manifest as manifest_io
 from ..bundle.manifest import GraphInfo, Manifest
-from ..runtime import exit_agreement, row_check
+from ..runtime.seal import seal
 
 
 def decoder_graphs(k: int, num_layers: int) -> dict[str, GraphInfo]:
@@ -118,9 +117,5 @@ def write_bundle(model, tokenizer, config, staging: Path, draft: DraftHead | Non
         diffs = validate_bundle(model, staging, manifest, adapter, vocab_ids)
         extra["validation_max_abs_diff"] = diffs
         echo(f"validated against the PyTorch reference: max |logit difference| {max(diffs.values()):.2g}")
-    manifest = manifest.replace(row_check=row_check.require(staging, manifest, echo))
-    manifest = manifest.replace(exit_agreement=exit_agreement.measure_bundle(staging, manifest))
-    echo(exit_agreement.describe(manifest))
-    manifest_io.write(staging, manifest)
-    return manifest
+    return seal(staging, manifest, echo)
 

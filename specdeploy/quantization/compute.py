@@ -36,8 +36,9 @@ import numpy as np
 
 from ..constants import QUANT_METHODS as METHODS
 from ..errors import ConfigError
-from . import attention, fusion, gqa_probe
-from .rewrites import MS_DOMAIN, attrs as node_attrs, fold_weight_transposes, set_nodes, use_ms_domain
+from ..optimize import attention, fusion, gqa_probe
+from ..optimize.graph import MS_DOMAIN, attrs as node_attrs, set_nodes, use_ms_domain
+from .rewrites import fold_weight_transposes
 
 ACCURACY_LEVEL = 4  # int8 activations, integer accumulation
 TIED_TOLERANCE = 0.3  # relative error below which the head's blocks are taken as the embedding's
@@ -121,7 +122,7 @@ def _algo_config(form: ComputeForm, method: str):
 
 def quantize_graph(src: Path, dst: Path, precision: str, method: str = "rtn", index=None,
                    options: ComputeOptions = ComputeOptions(), outliers: dict | None = None,
-                   grams: dict | None = None, max_context: int | None = None, lm_head: bool = False) -> int:
+                   grams=None, max_context: int | None = None, lm_head: bool = False) -> int:
     """Write `src` (fp32) to `dst` with every initializer-weight MatMul as MatMulNBits; returns how
     many weights came losslessly from `index` (a gguf_blocks.BlockIndex of the source file).
     `outliers` (activation -> channels, outliers.outlier_channels) are computed in float beside
@@ -164,15 +165,17 @@ def quantize_graph(src: Path, dst: Path, precision: str, method: str = "rtn", in
     return carried
 
 
-def _blocks(w, form: ComputeForm, method: str, index, gram=None):
+def _blocks(w, form: ComputeForm, method: str, index, gram=lambda: None):
     """(blocks, carried): the source file's own blocks where they map exactly, else quantized
-    (by GPTQ over the input's Gram matrix `gram` where the method asks for it)."""
+    (by GPTQ over the input's Gram matrix `gram()` where the method asks for it: asked for only
+    here, so a graph whose weights all carry never runs the calibration text)."""
     from . import gptq, nbits
 
     carried = index.blocks(w, form.block_size) if index is not None else None
     if carried is not None:
         return carried, True
     if method == "gptq":  # 4 bits on minmax's grid, where GPTQ gains both measures; 8 on rtn's
+        gram = gram()
         grid = "minmax" if form.bits == 4 and not w.shape[0] % nbits.OFFSET_BLOCK else "absmax"
         return (gptq.quantize(w, gram, form.bits, form.block_size, grid) if gram is not None
                 else nbits.quantize(w, form.bits, form.block_size, grid)), False
@@ -182,11 +185,12 @@ def _blocks(w, form: ComputeForm, method: str, index, gram=None):
 
 
 def _own_blocks(model, form: ComputeForm, method: str, index=None, outliers: dict | None = None,
-                grams: dict | None = None, fold: bool = True) -> int:
+                grams=None, fold: bool = True) -> int:
     """Every MatMul with an initializer weight [K, N] as MatMulNBits; returns how many were carried.
 
     `outliers`: activation -> channels computed in float beside the MatMulNBits (outliers.py);
-    `grams`: activation -> Xᵀ X over the calibration text, for GPTQ (gptq.py); `fold`: float
+    `grams`: activation -> Xᵀ X over the calibration text, for GPTQ (gptq.py), or a function
+    returning them (called only for a weight that does not carry); `fold`: float
     offsets folded into the MatMulNBits (folding.py) rather than an exact term beside it."""
     from onnx import numpy_helper
 
@@ -197,7 +201,7 @@ def _own_blocks(model, form: ComputeForm, method: str, index=None, outliers: dic
         if weight is None or len(weight.dims) != 2 or weight.dims[0] % form.block_size:
             nodes.append(node)
             continue
-        gram = (grams or {}).get(node.input[0])
+        gram = lambda name=node.input[0]: (grams() if callable(grams) else grams or {}).get(name)  # noqa: E731
         blocks, exact = _blocks(numpy_helper.to_array(weight), form, method, index, gram)
         carried += exact
         channels = (outliers or {}).get(node.input[0])

@@ -7,7 +7,7 @@ find int4 / int8's activation outlier channels (outliers.py) and GPTQ's Gram mat
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
 from pathlib import Path
 from typing import Callable
 
@@ -77,20 +77,24 @@ def calibration_texts(prompts_file: Path | None, every: bool = False) -> list[st
     return texts
 
 
-@dataclass(frozen=True)
 class Calibration:
     """What quantizing needs from the fp32 bundle: feeds per graph (fp8's calibrator), activation
-    outlier channels per int graph (outliers.py), and which graphs GPTQ rounds (gptq.py)."""
+    outlier channels per int graph (outliers.py), and which graphs GPTQ rounds (gptq.py). The feeds
+    run the fp32 bundle over the calibration text; they are made when first asked for, so GPTQ over a
+    GGUF whose blocks all carry costs nothing."""
 
-    feeds: dict
-    outliers: dict
-    gptq_graphs: dict  # graph name -> its fp32 file
+    def __init__(self, make_feeds: Callable[[], dict], outliers: dict, gptq_graphs: dict):
+        self._make_feeds, self.outliers, self.gptq_graphs = make_feeds, outliers, gptq_graphs
 
-    def grams(self, name: str) -> dict | None:
-        """The graph's input Gram matrices, made when it is quantized: K² floats per matmul input
+    @functools.cached_property
+    def feeds(self) -> dict:
+        return self._make_feeds()
+
+    def grams(self, name: str) -> Callable[[], dict | None]:
+        """The graph's input Gram matrices, made when first asked for: K² floats per matmul input
         (0.3 GB for the example's verify graph), so one graph's at a time."""
         file = self.gptq_graphs.get(name)
-        return gptq.gram_matrices(file, self.feeds[name]) if file else None
+        return functools.cache(lambda: gptq.gram_matrices(file, self.feeds[name]) if file else None)
 
 
 def calibrate(bundle: Path, manifest, plan: dict, method: str, options: ComputeOptions,
@@ -101,7 +105,8 @@ def calibrate(bundle: Path, manifest, plan: dict, method: str, options: ComputeO
     ints = {n for n, p in plan.items() if p in COMPUTE_FORMS and method != "ort"}
     wants = {n for n in ints if options.outliers_for(plan[n])}
     rounds = ints if method == "gptq" else set()
-    feeds = calibration_feeds(bundle, manifest, texts) if wants | rounds or "fp8" in plan.values() else {}
+    calibration = Calibration(lambda: calibration_feeds(bundle, manifest, texts), {}, {})
     file = lambda n: bundle / manifest.graph(n).file  # noqa: E731
-    found = {n: outliers.outlier_channels(outliers.channel_maxima(file(n), feeds[n])) for n in wants}
-    return Calibration(feeds, found, {n: file(n) for n in rounds})
+    found = {n: outliers.outlier_channels(outliers.channel_maxima(file(n), calibration.feeds[n])) for n in wants}
+    calibration.outliers, calibration.gptq_graphs = found, {n: file(n) for n in rounds}
+    return calibration

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .nbits import OFFSET_BLOCK, Blocks, block_sum_nodes, unpack
-from .rewrites import MS_DOMAIN
+from ..optimize.graph import MS_DOMAIN
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .rewrites import MS_DOMAIN
+from ..optimize.graph import MS_DOMAIN
 
 MSE_FACTORS = np.linspace(0.70, 1.0, 13, dtype=np.float32)  # shrunken ranges tried per block
 

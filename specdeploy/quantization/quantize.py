@@ -27,12 +27,13 @@ from .. import prompts
 from ..backends import attention_window
 from ..bundle import io_names
 from ..bundle import manifest as manifest_io
-from ..constants import PRECISIONS
 from ..errors import ConfigError, RowDependenceError, require
-from . import feeds as feeds_io, gqa_probe
-from .attention import fused_count
+from ..optimize import gqa_probe
+from ..optimize.attention import fused_count
+from . import feeds as feeds_io
 from .compute import (FORMS as COMPUTE_FORMS, INT4_BLOCKS, ComputeOptions, quantize_embedding, quantize_graph,
                       wider_head)
+from .options import QuantizeOptions
 from .rewrites import drop_activation_qdq, float_matmuls, fold_weight_transposes, int8_weights_to_fp8, to_fp16
 
 log = logging.getLogger("specdeploy")
@@ -64,25 +65,15 @@ def _quantize_fp8(src: Path, dst: Path, reader) -> None:
     onnx.save(model, str(dst), save_as_external_data=True, location=dst.name + ".data")
 
 
-def graph_precisions(manifest, precision: str, draft: str | None, verify: str | None) -> dict[str, str]:
-    """Precision per graph: the draft head follows the draft graph, the head follows verify."""
-    draft, verify = draft or precision, verify or precision
-    for p in (precision, draft, verify):
-        if p not in PRECISIONS:
-            raise ConfigError(f"precision '{p}' is unknown; pick one of {', '.join(PRECISIONS)}")
-    by_graph = {io_names.DRAFT: draft, io_names.DRAFT_HEAD: draft, io_names.VERIFY: verify, io_names.HEAD: verify}
-    return {name: by_graph[name] for name in manifest.graphs}
-
-
-def _quantize_graph(src: Path, dst: Path, precision: str, method: str, feeds, indexes,
-                    options: ComputeOptions, found: dict | None = None, grams: dict | None = None,
+def _quantize_graph(src: Path, dst: Path, precision: str, method: str, feeds: Callable[[], list], indexes,
+                    options: ComputeOptions, found: dict | None = None, grams=None,
                     max_context: int | None = None, lm_head: bool = False) -> int:
     """Quantize one graph; returns how many weights came losslessly from the source GGUF."""
     if precision in COMPUTE_FORMS:
         return quantize_graph(src, dst, precision, method, indexes.get(precision), options, found, grams,
                               max_context, lm_head)
     if precision == "fp8":
-        _quantize_fp8(src, dst, feeds_io.Reader(feeds))
+        _quantize_fp8(src, dst, feeds_io.Reader(feeds()))
     elif precision == "fp16":
         to_fp16(src, dst)
     return 0
@@ -101,16 +92,17 @@ def _gguf_indexes(manifest, plan: dict, method: str) -> dict:
 
 
 def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str, calibration, indexes,
-                     echo, options: ComputeOptions, fuse_attention: bool) -> tuple[dict, dict, dict, dict]:
-    """Each graph quantized into `tmp` (the tied embedding too); (files by stem, carried counts,
-    folded counts, fused attention layers)."""
+                     echo, options: ComputeOptions, fuse_attention: bool) -> tuple[dict, dict]:
+    """Each graph quantized into `tmp` (the tied embedding too); (files by stem, counts per graph: weights
+    carried from the GGUF, offsets folded, layers with fused attention, float outlier channels)."""
     from .folding import folded_count
 
     files, carried, folded, fused, found = {}, {}, {}, {}, calibration.outliers
     context = manifest.max_context if fuse_attention else None
     for name, graph in manifest.graphs.items():
         src, dst = bundle / graph.file, tmp / graph.file
-        carried[name] = _quantize_graph(src, dst, plan[name], method, calibration.feeds.get(name), indexes,
+        feeds = lambda name=name: calibration.feeds.get(name)  # noqa: E731  (made only where fp8 asks)
+        carried[name] = _quantize_graph(src, dst, plan[name], method, feeds, indexes,
                                         options, found.get(name), calibration.grams(name), context,
                                         lm_head=name == io_names.HEAD)
         folded[name] = folded_count(dst) if plan[name] in COMPUTE_FORMS else 0
@@ -129,7 +121,9 @@ def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str,
         indexes.get(draft), options)
     if bits:
         echo(f"embedding: {bits}-bit blocks (GatherBlockQuantized)")
-    return files, carried, folded, fused
+    counts = {"gguf_carried_weights": carried, "folded_offsets": folded, "fused_attention": fused,
+              "float_outlier_channels": {n: int(sum(map(len, c.values()))) for n, c in found.items()}}
+    return files, counts
 
 
 def _attention_line(fused: dict, reason: str | None) -> str:
@@ -148,54 +142,41 @@ def _carried(carried: int, folded: int) -> str:
             f"minima of {folded} folded into their matmuls; --exact-offsets keeps them exact)")
 
 
-def quantize_bundle(bundle: Path, precision: str, draft_precision: str | None = None,
-                    verify_precision: str | None = None, texts: list[str] | None = None,
-                    echo: Callable[[str], None] = print, method: str = "rtn", tensorrt: bool = False,
-                    options: ComputeOptions = ComputeOptions()) -> Path:
-    """Rewrite the fp32 bundle at `bundle` in place at the requested precision(s).
+def quantize_bundle(bundle: Path, options: QuantizeOptions, texts: list[str] | None = None,
+                    echo: Callable[[str], None] = print) -> Path:
+    """Rewrite the fp32 bundle at `bundle` in place as `options` asks, then seal it (runtime/seal.py).
 
-    `tensorrt`: also write the DequantizeLinear form of each int4/int8 graph (tensorrt_form.py).
     Raises RowDependenceError (the bundle left half-written) when the graphs fail the row check.
     """
     require("onnx", "export", "quantizing a bundle")
     from ..bundle import weights
-    from ..runtime import exit_agreement, row_check
+    from ..runtime.seal import seal
 
-    bundle = Path(bundle)
+    bundle, compute = Path(bundle), options.compute
     manifest = manifest_io.read(bundle)
     if manifest.precision != "fp32":
         raise ConfigError(f"{bundle} is already {manifest.precision}; quantize an fp32 bundle")
-    plan = graph_precisions(manifest, precision, draft_precision, verify_precision)
-    calibration = feeds_io.calibrate(bundle, manifest, plan, method, options,
-                                     texts or feeds_io.calibration_texts(None, every=method == "gptq"))
-    found = calibration.outliers
-    indexes = _gguf_indexes(manifest, plan, method)
-    unfused = gqa_probe.unfused_reason(manifest, plan, COMPUTE_FORMS, options, tensorrt)
+    plan = options.plan(manifest)
+    calibration = feeds_io.calibrate(bundle, manifest, plan, options.method, compute, texts or options.texts())
+    indexes = _gguf_indexes(manifest, plan, options.method)
+    unfused = gqa_probe.unfused_reason(manifest, plan, COMPUTE_FORMS, compute, options.tensorrt)
     with tempfile.TemporaryDirectory(dir=bundle.parent, prefix=".quantize-") as tmp:
         tmp = Path(tmp)
-        files, carried, folded, fused = _quantize_graphs(bundle, manifest, plan, tmp, method, calibration, indexes,
-                                                         echo, options, unfused is None)
+        files, counts = _quantize_graphs(bundle, manifest, plan, tmp, options.method, calibration, indexes,
+                                         echo, compute, unfused is None)
         if any(p in COMPUTE_FORMS for p in plan.values()):
-            echo(_attention_line(fused, unfused))
+            echo(_attention_line(counts["fused_attention"], unfused))
         out = tmp / "bundle"
         out.mkdir()
         weights.share(files, out, manifest.weights)
-        graphs = {n: g.__class__(**{**g.__dict__, "precision": plan[n]}) for n, g in manifest.graphs.items()}
-        label = precision if len(set(plan.values())) == 1 else "+".join(f"{k}:{v}" for k, v in plan.items())
-        for name in manifest.graphs:
-            shutil.move(str(out / manifest.graphs[name].file), str(bundle / manifest.graphs[name].file))
-        shutil.move(str(out / manifest.weights), str(bundle / manifest.weights))
-    if tensorrt:
+        for name in [*(g.file for g in manifest.graphs.values()), manifest.weights]:
+            shutil.move(str(out / name), str(bundle / name))
+    graphs = {n: dataclasses.replace(g, precision=plan[n]) for n, g in manifest.graphs.items()}
+    if options.tensorrt:
         graphs = _tensorrt_forms(bundle, graphs, echo)
-    counts = {"gguf_carried_weights": carried, "folded_offsets": folded, "fused_attention": fused,
-              "float_outlier_channels": {n: int(sum(map(len, c.values()))) for n, c in found.items()}}
-    extra = _extra(manifest.extra, counts, bundle, graphs, plan, options)
-    manifest = manifest.replace(graphs=graphs, precision=label, row_check=None, extra=extra,
-                                kv_spare_rows=int(unfused is None))
-    manifest = manifest.replace(row_check=row_check.require(bundle, manifest, echo))
-    manifest = manifest.replace(exit_agreement=exit_agreement.measure_bundle(bundle, manifest))
-    echo(exit_agreement.describe(manifest))
-    manifest_io.write(bundle, manifest)
+    extra = _extra(manifest.extra, counts, bundle, graphs, plan, compute)
+    seal(bundle, manifest.replace(graphs=graphs, precision=options.label(plan), extra=extra,
+                                  kv_spare_rows=int(unfused is None)), echo)
     return bundle
 
 
@@ -231,25 +212,24 @@ def _tensorrt_forms(bundle: Path, graphs: dict, echo) -> dict:
     return out
 
 
-def quantize_into(source: Path, target: Path, precision: str, draft_precision: str | None = None,
-                  verify_precision: str | None = None, texts: list[str] | None = None,
-                  echo: Callable[[str], None] = print, method: str = "rtn", tensorrt: bool = False,
-                  options: ComputeOptions = ComputeOptions()) -> Path:
+def quantize_into(source: Path, target: Path, options: QuantizeOptions, texts: list[str] | None = None,
+                  echo: Callable[[str], None] = print) -> Path:
     """Copy the fp32 bundle `source` to the new directory `target` and quantize it there, int4 in
-    the largest block of `options.blocks()` whose graphs pass the row check on this machine; float
-    offsets folded where a block size passes so, else kept exact (its kernel's rows differ on
+    the largest block of `options.compute.blocks()` whose graphs pass the row check on this machine;
+    float offsets folded where a block size passes so, else kept exact (its kernel's rows differ on
     fewer CPUs: no zero points)."""
-    plan = graph_precisions(manifest_io.read(source), precision, draft_precision, verify_precision)
-    blocks = options.blocks() if "int4" in plan.values() else (None,)
-    attempts, folded = [(block, options.exact_offsets) for block in blocks], False
+    manifest, compute = manifest_io.read(source), options.compute
+    graphs = manifest.graphs
+    blocks = compute.blocks() if "int4" in options.plan(manifest).values() else (None,)
+    attempts, folded = [(block, compute.exact_offsets) for block in blocks], False
     while True:
         block, exact = attempts.pop(0)
         shutil.copytree(source, target)
         try:
-            return quantize_bundle(target, precision, draft_precision, verify_precision, texts, echo, method,
-                                   tensorrt, dataclasses.replace(options, int4_block=block, exact_offsets=exact))
+            tried = dataclasses.replace(compute, int4_block=block, exact_offsets=exact)
+            return quantize_bundle(target, dataclasses.replace(options, compute=tried), texts, echo)
         except RowDependenceError as exc:
-            folded = folded or _folded(target)
+            folded = folded or _folded(target, graphs)
             if not attempts and folded and not exact:
                 attempts = [(b, True) for b in blocks]
             if not attempts:
@@ -261,10 +241,11 @@ def quantize_into(source: Path, target: Path, precision: str, draft_precision: s
                  f"{_form(*attempts[0], folded)}")
 
 
-def _folded(bundle: Path) -> bool:
+def _folded(bundle: Path, graphs: dict) -> bool:
+    """Whether a half-written quantized bundle (its manifest not yet sealed) folded any offsets."""
     from .folding import folded_count
 
-    return any(folded_count(bundle / g.file) for g in manifest_io.read(bundle).graphs.values())
+    return any(folded_count(bundle / g.file) for g in graphs.values())
 
 
 def _form(block: int | None, exact: bool, folded: bool) -> str:
@@ -272,33 +253,25 @@ def _form(block: int | None, exact: bool, folded: bool) -> str:
     return ", ".join(part for part in (f"int4 in blocks of {block}" if block else "", offsets) if part)
 
 
-def quantized_copy(source: Path, target: Path, precision: str, draft_precision: str | None = None,
-                   verify_precision: str | None = None, prompts_file: Path | None = None,
-                   echo: Callable[[str], None] = print, report: bool = True, method: str = "rtn",
-                   tensorrt: bool = False, options: ComputeOptions = ComputeOptions()) -> Path:
+def quantized_copy(source: Path, target: Path, options: QuantizeOptions,
+                   echo: Callable[[str], None] = print) -> Path:
     """Copy the fp32 bundle `source` to the new directory `target`, quantize it, measure its quality.
 
     The quality report (top-1 agreement with fp32 and perplexity on held-out text, acceptance,
     CPU tokens/s of plain and speculative decoding) is printed and stored in the manifest.
     """
-    texts = feeds_io.calibration_texts(prompts_file, every=method == "gptq")
-    quantize_into(source, target, precision, draft_precision, verify_precision, texts, echo, method, tensorrt,
-                  options)
-    if report:
+    quantize_into(source, target, options, options.texts(), echo)
+    if options.report:
         from . import quality
 
         held_out = [c[-1]["content"] for c in prompts.calibration_conversations(held_out=True)[:3]]
         result = quality.report(source, target, prompts.PASSAGES[:4], held_out)
-        quantized = manifest_io.read(target)
-        manifest_io.write(target, quantized.replace(quality=result))
+        quantized = manifest_io.write(target, manifest_io.read(target).replace(quality=result))
         echo(format_quality(quantized.precision, result))
     return target
 
 
-def quantize(source: Path, output: Path, precision: str, draft_precision: str | None = None,
-             verify_precision: str | None = None, prompts_file: Path | None = None,
-             echo: Callable[[str], None] = print, report: bool = True, method: str = "rtn",
-             tensorrt: bool = False, options: ComputeOptions = ComputeOptions()) -> Path:
+def quantize(source: Path, output: Path, options: QuantizeOptions, echo: Callable[[str], None] = print) -> Path:
     """Write a quantized copy of the fp32 bundle `source` to `output` (which may be `source`).
 
     Built in a staging directory and installed only once whole: a failure leaves `output` as it was.
@@ -306,11 +279,10 @@ def quantize(source: Path, output: Path, precision: str, draft_precision: str | 
     from ..bundle.install import install, staging_dir
 
     source = Path(source).resolve()
-    manifest_io.read(source)
+    manifest_io.read_verified(source)  # a damaged byte is named, not sealed into the copy
     with staging_dir(output, ".quantize-") as staging:
         target = staging.with_name("quantized")
-        quantized_copy(source, target, precision, draft_precision, verify_precision, prompts_file, echo, report,
-                       method, tensorrt, options)
+        quantized_copy(source, target, options, echo)
         install(target, output)
     return Path(output).resolve()
 

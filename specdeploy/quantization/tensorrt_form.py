@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from . import folding, nbits
-from .rewrites import attrs as _attrs, set_nodes, use_ms_domain
+from ..optimize.graph import attrs as _attrs, set_nodes, use_ms_domain
 
 SUFFIX = ".trt.onnx"  # beside graph.onnx: what build-engines parses for an int4/int8 graph
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import require
-from .repository import TritonConfig
+from .config import TritonConfig
 
 PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}   # tritonserver's defaults
 MOUNT = "/models"

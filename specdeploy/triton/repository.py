@@ -7,12 +7,11 @@ unchanged. The model is decoupled: one request, many responses.
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..bundle import manifest as manifest_io
-from ..constants import BACKENDS, DEFAULT_BACKEND
 from ..errors import ConfigError
+from .config import TritonConfig
 
 MODEL_FILE = Path(__file__).with_name("model.py")
 # (name, Triton type); all inputs optional (text_input or messages is required, checked by the model)
@@ -24,31 +23,6 @@ INPUTS = [("text_input", "TYPE_STRING"), ("messages", "TYPE_STRING"), ("stream",
 OUTPUTS = [("text_output", "TYPE_STRING"), ("finish_reason", "TYPE_STRING"), ("draft_source", "TYPE_STRING"),
            ("completion_tokens", "TYPE_INT32"), ("draft_tokens", "TYPE_INT32"), ("accepted_tokens", "TYPE_INT32"),
            ("acceptance_rate", "TYPE_FP32"), ("tokens_per_round", "TYPE_FP32")]
-
-
-@dataclass(frozen=True)
-class TritonConfig:
-    bundle: Path
-    output: Path
-    name: str = "specdeploy"
-    instances: int = 1            # engines per node, each with its own KV buffers
-    max_queue: int = 8            # requests waiting per instance; more get an error response
-    threads: int | None = None    # ONNX Runtime intra-op threads per instance (None: every CPU the process may use)
-    copy: bool = False            # copy the bundle into the repository instead of referencing it
-    site_packages: str | None = None  # extra paths for Triton's Python stub (specdeploy, numpy<2, onnxruntime)
-    backend: str = DEFAULT_BACKEND    # tensorrt: engines built on the device (Jetson, RTX); instances on the GPU
-
-    def __post_init__(self):
-        if not self.name or any(c in self.name for c in "/\\ "):
-            raise ConfigError(f"--name {self.name!r} must be a non-empty name without spaces or slashes")
-        if self.instances < 1 or self.max_queue < 1:
-            raise ConfigError("--instances and --max-queue must be >= 1")
-        if self.threads is not None and self.threads < 1:
-            raise ConfigError(f"--threads {self.threads} must be >= 1")
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"--backend {self.backend} is unknown; pick one of {', '.join(BACKENDS)}")
-        if self.backend == "tensorrt" and self.threads is not None:
-            raise ConfigError("--threads is an ONNX Runtime setting; drop it with --backend tensorrt")
 
 
 def _io(kind: str, entries, optional: bool) -> str:

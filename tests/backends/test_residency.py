@@ -95,9 +95,9 @@ def test_page_out_releases_resident_pages_and_keeps_their_bytes(tmp_path):
 def test_an_int4_bundle_computes_the_same_bytes_once_its_pages_go(tiny_bundle, tmp_path, monkeypatch):
     """The int4 sessions' mapped weight pages are handed back and their passes stay bitwise equal."""
     from specdeploy.backends import onnxruntime as backend
-    from specdeploy.quantization.quantize import quantize
+    from specdeploy.quantization.quantize import QuantizeOptions, quantize
 
-    bundle = quantize(tiny_bundle, tmp_path / "int4", "int4", report=False, echo=lambda line: None)
+    bundle = quantize(tiny_bundle, tmp_path / "int4", QuantizeOptions("int4", report=False), echo=lambda line: None)
     m = manifest_io.read(bundle)
     monkeypatch.setattr(backend, "page_out", lambda root: 0)  # load without handing pages back
     model = SplitModel(m, backend.load_stages(bundle, m))

@@ -160,13 +160,13 @@ def test_int4_and_int8_bundles_build_from_their_dequantize_form(tiny_bundle, tmp
     import onnx
 
     from specdeploy.quantization import folding, nbits
-    from specdeploy.quantization.quantize import quantize
+    from specdeploy.quantization.quantize import QuantizeOptions, quantize
 
     fake_tensorrt.install(monkeypatch)
     for kind in ("int4", "int8", "int4-minmax"):
         precision, method = (kind.split("-") + ["rtn"])[:2]
-        bundle = quantize(tiny_bundle, tmp_path / kind, precision, report=False, tensorrt=True, method=method,
-                          echo=lambda s: None)
+        bundle = quantize(tiny_bundle, tmp_path / kind, QuantizeOptions(precision, report=False, tensorrt=True,
+                                                                        method=method), echo=lambda s: None)
         manifest = manifest_io.read(bundle)
         for name, graph in manifest.graphs.items():
             ort_graph = onnx.load(str(bundle / graph.file))
@@ -202,10 +202,10 @@ def test_int4_and_int8_bundles_build_from_their_dequantize_form(tiny_bundle, tmp
 
 
 def test_an_int4_bundle_without_its_tensorrt_form_says_how_to_make_it(tiny_bundle, tmp_path, monkeypatch):
-    from specdeploy.quantization.quantize import quantize
+    from specdeploy.quantization.quantize import QuantizeOptions, quantize
 
     fake_tensorrt.install(monkeypatch)
-    bundle = quantize(tiny_bundle, tmp_path / "int4", "int4", report=False, echo=lambda s: None)
+    bundle = quantize(tiny_bundle, tmp_path / "int4", QuantizeOptions("int4", report=False), echo=lambda s: None)
     with pytest.raises(ConfigError, match="quantize --precision int4 --tensorrt"):
         build_engines(bundle, BuildConfig(max_draft_tokens=6, max_prompt=64), echo=lambda s: None)
     graph = manifest_io.read(bundle).graph("draft")

@@ -30,7 +30,10 @@ def test_manifest_records_graphs_io_and_kv_layout(tiny_bundle):
     assert "past_key.0" in m.graph("draft").inputs and "present_value.3" in m.graph("verify").outputs
     assert m.kv_shape == (1, 2, 128, 16)
     assert (tiny_bundle / m.chat_template).read_text().startswith("{% for")
-    assert json.loads((tiny_bundle / "manifest.json").read_text())["schema_version"] == 1
+    assert json.loads((tiny_bundle / "manifest.json").read_text())["schema_version"] == 2
+    on_disk = {p.name for p in tiny_bundle.iterdir() if p.name != "manifest.json"}
+    assert set(m.files) == on_disk  # every file recorded, nothing unrecorded beside them
+    assert m.files["weights.bin"].bytes == (tiny_bundle / "weights.bin").stat().st_size
     assert m.lookup_ngram == (1, 4)
     older = {k: v for k, v in json.loads(m.to_json()).items() if k != "lookup_ngram"}
     assert manifest_io.from_dict(older).lookup_ngram == (1, 4)  # bundles written before the field

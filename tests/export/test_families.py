@@ -89,7 +89,7 @@ def test_int8_and_tensorrt_build_per_family(family, tmp_path, monkeypatch):
     from pathlib import Path
 
     from specdeploy.backends.tensorrt.build import BuildConfig, build_engines
-    from specdeploy.quantization.quantize import quantize
+    from specdeploy.quantization.quantize import QuantizeOptions, quantize
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backends"))
     import fake_tensorrt
@@ -98,7 +98,7 @@ def test_int8_and_tensorrt_build_per_family(family, tmp_path, monkeypatch):
 
     arch, bundle, _ = family
     base = dict(max_new_tokens=20, ignore_eos=True)
-    quantized = quantize(bundle, tmp_path / "int8", "int8", report=False, echo=lambda s: None)
+    quantized = quantize(bundle, tmp_path / "int8", QuantizeOptions("int8", report=False), echo=lambda s: None)
     with Engine(quantized) as engine:
         plain = engine.generate_ids(PROMPTS[0], GenerationConfig(speculative=False, **base))
         assert engine.generate_ids(PROMPTS[0], GenerationConfig(num_draft_tokens=4, **base)) == plain
@@ -160,7 +160,7 @@ def _fused_layers(graph) -> int:
     """Layers of an fp32 graph that quantize would make one GroupQueryAttention each."""
     import onnx
 
-    from specdeploy.quantization import attention, fusion
+    from specdeploy.optimize import attention, fusion
     from specdeploy.quantization.rewrites import fold_weight_transposes
 
     model = onnx.load(str(graph))
@@ -190,13 +190,13 @@ def test_sliding_windows_and_per_head_norms_become_the_kernel_too(arch, window, 
 def test_scatter_nd_kv_writes_fuse_too(tmp_path):
     """Opset-23 bundles (ONNX Runtime 1.23, Python 3.10) write KV rows with ScatterND: the same
     layers become the kernel, which writes the rows itself."""
-    from specdeploy.quantization.gqa_probe import kernel_row_independent
-    from specdeploy.quantization.quantize import quantize
+    from specdeploy.optimize.gqa_probe import kernel_row_independent
+    from specdeploy.quantization.quantize import QuantizeOptions, quantize
 
     bundle = export_tiny("llama", tmp_path, exit_layer=2, opset=23)
     assert _fused_layers(bundle / manifest_io.read(bundle).graph("verify").file) == 2
     if kernel_row_independent(4, 2, 16):
-        out = quantize(bundle, tmp_path / "int4", "int4", report=False, echo=lambda s: None)
+        out = quantize(bundle, tmp_path / "int4", QuantizeOptions("int4", report=False), echo=lambda s: None)
         assert manifest_io.read(out).extra["fused_attention"] == {"draft": 2, "verify": 2}
         cfg = dict(max_new_tokens=30, ignore_eos=True)
         with Engine(out) as engine:
@@ -243,7 +243,7 @@ def _fused_copy(bundle, target):
 
     import onnx
 
-    from specdeploy.quantization import attention, fusion
+    from specdeploy.optimize import attention, fusion
     from specdeploy.quantization.rewrites import fold_weight_transposes
 
     shutil.copytree(bundle, target)
@@ -287,14 +287,14 @@ def test_a_windowed_int4_bundle_is_exact_and_refused_where_the_window_counts_dif
     window, and an ONNX Runtime counting it otherwise (1.23 sees one key more) refuses to load it."""
     from specdeploy.backends import attention_window
     from specdeploy.errors import BackendError
-    from specdeploy.quantization.gqa_probe import form_row_independent
-    from specdeploy.quantization.attention_match import KernelForm
-    from specdeploy.quantization.quantize import quantize
+    from specdeploy.optimize.gqa_probe import form_row_independent
+    from specdeploy.optimize.attention_match import KernelForm
+    from specdeploy.quantization.quantize import QuantizeOptions, quantize
 
     if not form_row_independent(KernelForm(4, 2, 16, packed=False, window=4)):
         pytest.skip("GroupQueryAttention's rows depend on the call on this machine")
     bundle = export_tiny("gemma3_text", tmp_path, exit_layer=2)
-    out = quantize(bundle, tmp_path / "int4", "int4", report=False, echo=lambda s: None)
+    out = quantize(bundle, tmp_path / "int4", QuantizeOptions("int4", report=False), echo=lambda s: None)
     m = manifest_io.read(out)
     assert m.extra["fused_attention"] == {"draft": 2, "verify": 2}
     assert m.extra[attention_window.SHIFT_KEY] == attention_window.shift()

@@ -96,7 +96,7 @@ def tensorrt_source(name: str, graph) -> str:
 def build_engines(bundle: Path, config: BuildConfig = BuildConfig(), echo=print) -> Path:
     """Build one engine per graph into the bundle and record them in the manifest."""
     bundle = Path(bundle)
-    manifest = manifest_io.read(bundle)  # a bad bundle is named before a missing TensorRT
+    manifest = manifest_io.read_verified(bundle)  # a bad bundle is named before a missing TensorRT
     trt = import_tensorrt()
     capability = Cuda().compute_capability()
     _check_precision(manifest, capability)

@@ -1,6 +1,6 @@
 """Where a bundle's resident memory goes: RSS (anonymous / file-backed) after each loading step.
 
-Usage: python scripts/memory_breakdown.py BUNDLE [--arena shared|session|none] [--keep]
+Usage: python lab/scripts/memory_breakdown.py BUNDLE [--arena shared|session|none] [--keep]
 Prints MB after the imports, the tokenizer, each ONNX Runtime session and its KV buffers, the
 weight-file pages handed back (as the runtime does once its sessions are built), and the memory
 bench's two prompts (64 tokens, speculative). The steps are the runtime's own (load_stages); --arena

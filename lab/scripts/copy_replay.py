@@ -1,6 +1,6 @@
 """What the default's lookup copy choices are worth without timing noise, per category.
 
-Usage: python scripts/copy_replay.py BUNDLE [--prompts-per-category 4] [--max-tokens 64] [--repeats 3]
+Usage: python lab/scripts/copy_replay.py BUNDLE [--prompts-per-category 4] [--max-tokens 64] [--repeats 3]
                                      [--row-costs 0.11 0.21]
 Decodes the bench prompts once, plain and greedy; then replays each output round by round, as the
 default decodes it: the lookup search of the runtime, and copy lengths chosen by the runtime's own
@@ -24,9 +24,9 @@ import numpy as np
 
 from specdeploy import Engine, GenerationConfig
 from specdeploy.bench.bound import clairvoyant_rounds, pass_cost
-from specdeploy.bench.sides import encode
+from sides import encode
 from specdeploy.prompts import bench_prompts
-from specdeploy.bench.policies import CopyAll, FixedRule, Pooled
+from policies import CopyAll, FixedRule, Pooled
 from specdeploy.runtime.copy_length import CONTESTED, CopyLength
 from specdeploy.runtime.costs import measure
 from specdeploy.runtime.drafting import find_continuation
@@ -129,6 +129,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from specdeploy.errors import run_script
+    from sides import run_script
 
     run_script(main)

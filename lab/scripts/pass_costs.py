@@ -1,6 +1,6 @@
 """How steady the timed pass costs are: the cost model measured again and again, two ways, in turn.
 
-Usage: python scripts/pass_costs.py BUNDLE [--runs 8] [--max-rows 5]
+Usage: python lab/scripts/pass_costs.py BUNDLE [--runs 8] [--max-rows 5]
 Each run measures the cost model of `runtime/costs.py` (every pass timed in turn within each
 repeat, rows priced against the one-row pass of the same repeat) and, alternating with it, the
 form it replaced (fifteen passes over one row count, then fifteen over the next); each prints what
@@ -75,6 +75,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from specdeploy.errors import run_script
+    from sides import run_script
 
     run_script(main)

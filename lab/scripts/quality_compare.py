@@ -1,6 +1,6 @@
 """Top-1 agreement and perplexity of bundles against their fp32 reference, over more or less text.
 
-Usage: python scripts/quality_compare.py REFERENCE BUNDLE [BUNDLE ...] [--passages 4 8]
+Usage: python lab/scripts/quality_compare.py REFERENCE BUNDLE [BUNDLE ...] [--passages 4 8]
 The quality report (`quantize`) measures the first 4 held-out passages; the same measure over more
 of them shows how much of a difference between two bundles is the sample.
 """
@@ -31,6 +31,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from specdeploy.errors import run_script
+    from sides import run_script
 
     run_script(main)

@@ -1,7 +1,7 @@
 """Chunked prefill: a long prompt's prefill speed and peak memory at several chunk sizes and in one
 pass, alternated in one run.
 
-Usage: python scripts/prefill_ab.py BUNDLE [--prompt-tokens 1900] [--chunks 64,128,256,512] [--repeats 3]
+Usage: python lab/scripts/prefill_ab.py BUNDLE [--prompt-tokens 1900] [--chunks 64,128,256,512] [--repeats 3]
 Each chunk size runs in a process of its own (peak memory belongs to a process), the sizes rotating
 order every repeat; each process loads the bundle, prefills a short prompt untimed, then prefills
 the long prompt (every bench prompt's text repeated, chat template when the bundle has one) and
@@ -22,7 +22,7 @@ ONE_PASS = "one pass"
 
 def _side(bundle: Path, side: str, prompt_tokens: int) -> None:
     """One process's measurement, as JSON on stdout."""
-    from specdeploy.bench.sides import long_prompt
+    from sides import long_prompt
     from specdeploy.config import GenerationConfig
     from specdeploy.runtime.engine import Engine
     from specdeploy.runtime.stats import GenerationStats
@@ -57,7 +57,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.side:
         return _side(args.bundle, args.side, args.prompt_tokens)
-    from specdeploy.bench.sides import alternate
+    from sides import alternate
     from specdeploy.bundle import manifest as manifest_io
     from specdeploy.errors import ConfigError
 
@@ -73,6 +73,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from specdeploy.errors import run_script
+    from sides import run_script
 
     run_script(main)

@@ -1,6 +1,6 @@
 """Priced lookup copies vs copying all a match offers, timed interleaved in one run, per category.
 
-Usage: python scripts/copy_length_ab.py BUNDLE [--prompts-per-category 2] [--max-tokens 64] [--repeats 2]
+Usage: python lab/scripts/copy_length_ab.py BUNDLE [--prompts-per-category 2] [--max-tokens 64] [--repeats 2]
 All run the bundle's default source (hybrid) at greedy and are checked identical to plain decoding;
 "copy all" is the lookup behaviour before copies were priced, "pooled" the pricing before contested
 matches (runtime/drafting.find_continuation) had acceptance classes of their own. Each mode keeps
@@ -13,7 +13,7 @@ import argparse
 from specdeploy import Engine, GenerationConfig
 from specdeploy.constants import MAX_DRAFT_TOKENS
 from specdeploy.prompts import bench_prompts
-from specdeploy.bench.policies import CopyAll, Pooled
+from policies import CopyAll, Pooled
 from specdeploy.runtime.copy_length import CopyLength
 from specdeploy.runtime.timing import run_modes
 
@@ -68,6 +68,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from specdeploy.errors import run_script
+    from sides import run_script
 
     run_script(main)

@@ -1,6 +1,6 @@
 """Could a static n-gram table (llama.cpp's static lookup cache) make copying pay where the context offers little?
 
-Usage: python scripts/static_ngram_bound.py BUNDLE [--corpus-prompts 180] [--corpus-tokens 96]
+Usage: python lab/scripts/static_ngram_bound.py BUNDLE [--corpus-prompts 180] [--corpus-tokens 96]
                                             [--prompts-per-category 4] [--max-tokens 64]
 Builds the table llama.cpp's `llama-lookup-create` builds for `--lookup-cache-static`, from the
 model's own text: the bundle's greedy answers to the calibration training conversations, every
@@ -24,7 +24,7 @@ import numpy as np
 
 from specdeploy import Engine, GenerationConfig
 from specdeploy.bench.bound import best_copy, clairvoyant_rounds, pass_cost
-from specdeploy.bench.sides import encode
+from sides import encode
 from specdeploy.prompts import bench_prompts, calibration_conversations
 from specdeploy.runtime.costs import measure
 
@@ -211,6 +211,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from specdeploy.errors import run_script
+    from sides import run_script
 
     run_script(main)

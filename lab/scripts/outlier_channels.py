@@ -1,6 +1,6 @@
 """Activation outlier channels of an fp32 bundle's weight matmuls, as int8 quantization finds them.
 
-Usage: python scripts/outlier_channels.py BUNDLE [--top 10]
+Usage: python lab/scripts/outlier_channels.py BUNDLE [--top 10]
 Runs the fp32 graphs on the calibration text (as `quantize` does) and prints, per matmul input,
 its width, the largest |x| of its largest channel against the median channel's, and how many
 channels `quantize --float-outliers` computes in float; the inputs with the largest ratios first.
@@ -38,6 +38,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from specdeploy.errors import run_script
+    from sides import run_script
 
     run_script(main)

@@ -25,7 +25,7 @@ from ..bundle import io_names
 from . import attention_match
 from .attention_match import Layer
 from .fusion import _drop_dead, _topological
-from .rewrites import MS_DOMAIN, use_ms_domain
+from .graph import MS_DOMAIN, use_ms_domain
 
 OP = "GroupQueryAttention"
 

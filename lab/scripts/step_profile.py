@@ -1,6 +1,6 @@
 """Where a plain decode step's kernel time goes, by op type (ONNX Runtime's session profiling).
 
-Usage: python scripts/step_profile.py BUNDLE [--max-tokens 64] [--top 20]
+Usage: python lab/scripts/step_profile.py BUNDLE [--max-tokens 64] [--top 20]
 Loads BUNDLE with profiling on in every session, decodes one prompt plainly (chat template if the
 bundle has one, EOS ignored), and prints per op type the kernel microseconds a step, its share of
 all kernel time, and how many such kernels a step runs. Profiling adds its own cost to every
@@ -70,6 +70,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from specdeploy.errors import run_script
+    from sides import run_script
 
     run_script(main)

@@ -1,6 +1,6 @@
 """What the default drafter's per-round choices cost, between passes, while it decodes.
 
-Usage: python scripts/round_overhead.py BUNDLE [--category qa] [--prompts 4] [--max-tokens 64]
+Usage: python lab/scripts/round_overhead.py BUNDLE [--category qa] [--prompts 4] [--max-tokens 64]
 Greedy hybrid decoding of the category's bench prompts (chat template); the lookup search, the
 copy-length pricing and the whole draft() call that ends in a plain step are timed where they
 run, between passes (caches cold), and set against the mean round; then every kind of round
@@ -84,6 +84,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from specdeploy.errors import run_script
+    from sides import run_script
 
     run_script(main)

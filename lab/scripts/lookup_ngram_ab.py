@@ -1,6 +1,6 @@
 """Two lookup n-gram ranges timed interleaved in one run, per category (greedy, checked identical).
 
-Usage: python scripts/lookup_ngram_ab.py BUNDLE [--a 2 4] [--b 1 4] [--prompts-per-category 4]
+Usage: python lab/scripts/lookup_ngram_ab.py BUNDLE [--a 2 4] [--b 1 4] [--prompts-per-category 4]
        [--max-tokens 64] [--repeats 3]
 Prints one line per category: α / τ / speedup vs plain for each range.
 """

@@ -1,5 +1,5 @@
 """The A/B scripts' side: one prompt per category, both modes timed."""
-from specdeploy.bench.sides import category_prompts, mode_rates
+from sides import category_prompts, mode_rates
 from specdeploy.prompts import BENCH_PROMPTS
 from specdeploy.runtime.engine import Engine
 
@@ -14,7 +14,7 @@ def test_a_side_times_both_modes_over_a_prompt_per_category(tiny_bundle):
 
 
 def test_a_long_prompt_has_exactly_the_tokens_asked_for(tiny_bundle):
-    from specdeploy.bench.sides import long_prompt
+    from sides import long_prompt
 
     with Engine(tiny_bundle) as engine:
         for tokens in (1, 40, 120):

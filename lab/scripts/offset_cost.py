@@ -1,6 +1,6 @@
 """What an exact int4 bundle's offset term costs a plain step, and what folding it recovers, one run.
 
-Usage: python scripts/offset_cost.py BUNDLE [--repeats 3] [--max-tokens 64]
+Usage: python lab/scripts/offset_cost.py BUNDLE [--repeats 3] [--max-tokens 64]
 BUNDLE carries exact float offsets beside its MatMulNBits (`quantize --exact-offsets` of a GGUF's
 Q4_1 / Q4_K blocks, or of --method minmax / gptq: nbits.offset_nodes). Three probe copies are
 written to a temporary directory: "folded" is the bundle's graphs with each term folded into its
@@ -58,7 +58,7 @@ def fold_terms(model) -> int:
     from onnx import numpy_helper
 
     from specdeploy.quantization import folding, nbits
-    from specdeploy.quantization.rewrites import attrs, set_nodes
+    from specdeploy.optimize.graph import attrs, set_nodes
 
     array = {t.name: t for t in model.graph.initializer}
     producers = {o: n for n in model.graph.node for o in n.output}
@@ -164,6 +164,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from specdeploy.errors import run_script
+    from sides import run_script
 
     run_script(main)

@@ -1,6 +1,6 @@
 """Packed weights on 2 MB pages (the runtime's default on Linux >= 6.1) vs left on 4 KB pages, tokens/s alternated in one run.
 
-Usage: python scripts/huge_pages_ab.py BUNDLE [--repeats 3] [--max-tokens 64] [--load-order N [--small-pages]]
+Usage: python lab/scripts/huge_pages_ab.py BUNDLE [--repeats 3] [--max-tokens 64] [--load-order N [--small-pages]]
 Each side runs in a process of its own (huge pages are a property of a process's memory: two
 engines of one process share its heap), the sides alternating and swapping order every repeat;
 each process decodes one prompt per bench category (chat template when the bundle has one, EOS
@@ -26,7 +26,7 @@ SIDES = ("huge", "4 KB")
 def _side(bundle: Path, side: str, max_tokens: int) -> None:
     """One process's measurement: tokens/s of each mode, as JSON on stdout."""
     from specdeploy.backends import onnxruntime as backend
-    from specdeploy.bench.sides import category_prompts, mode_rates
+    from sides import category_prompts, mode_rates
     from specdeploy.runtime.engine import Engine
 
     if side != "huge":
@@ -39,7 +39,7 @@ def _side(bundle: Path, side: str, max_tokens: int) -> None:
 
 def _load_order(bundle: Path, count: int, small_pages: bool, repeats: int, max_tokens: int) -> None:
     from specdeploy.backends import onnxruntime as backend
-    from specdeploy.bench.sides import category_prompts
+    from sides import category_prompts
     from specdeploy.config import GenerationConfig
     from specdeploy.runtime.engine import Engine
 
@@ -74,7 +74,7 @@ def main() -> None:
     manifest_io.read(args.bundle)  # a missing or bad bundle: one line, before any process starts
     if args.load_order:
         return _load_order(args.bundle, args.load_order, args.small_pages, args.repeats, args.max_tokens)
-    from specdeploy.bench.sides import alternate
+    from sides import alternate
 
     runs = alternate(__file__, SIDES, args.repeats, [str(args.bundle), "--max-tokens", str(args.max_tokens)])
     for mode in ("plain", "speculative"):
@@ -86,6 +86,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from specdeploy.errors import run_script
+    from sides import run_script
 
     run_script(main)

@@ -1,4 +1,4 @@
-from specdeploy.bench.policies import CopyAll, FixedRule, Pooled
+from policies import CopyAll, FixedRule, Pooled
 from specdeploy.runtime.copy_length import CONTESTED
 
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from .attention import OP, kernel_attributes
 from .attention_match import KernelForm
-from .rewrites import MS_DOMAIN
+from .graph import MS_DOMAIN
 
 
 def _probe_session(form: KernelForm, rows: int):

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..bundle import io_names
 from .fusion import _Graph
-from .rewrites import attrs as _attrs
+from .graph import attrs as _attrs
 
 WRITES = {"TensorScatter": 1, "ScatterND": 2}  # KV write op -> which input holds the new rows
 LAYOUT = {"Reshape", "Transpose", "Identity"}

@@ -24,7 +24,7 @@ import collections
 
 import numpy as np
 
-from .rewrites import MS_DOMAIN, attrs as _attrs, set_nodes, use_ms_domain
+from .graph import MS_DOMAIN, attrs as _attrs, set_nodes, use_ms_domain
 
 PASS_THROUGH = {"Cast", "Cos", "Sin", "Identity"}  # elementwise: equal halves stay equal
 

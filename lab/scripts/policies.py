@@ -1,9 +1,9 @@
-"""Lookup copy-length policies the default's is measured against (scripts/copy_replay.py,
-scripts/copy_length_ab.py): each is a `CopyLength` with one choice changed, so it learns as the
+"""Lookup copy-length policies the default's is measured against (lab/scripts/copy_replay.py,
+lab/scripts/copy_length_ab.py): each is a `CopyLength` with one choice changed, so it learns as the
 default does and only its choices differ."""
 from __future__ import annotations
 
-from ..runtime.copy_length import CONTESTED, CopyLength
+from specdeploy.runtime.copy_length import CONTESTED, CopyLength
 
 
 class CopyAll(CopyLength):

@@ -1,7 +1,7 @@
 """ONNX Runtime's CPU memory: one arena shared by the sessions (the runtime's default) vs an arena per
 session vs none (glibc malloc); tokens/s and peak memory, alternated in one run.
 
-Usage: python scripts/arena_ab.py BUNDLE [--repeats 3] [--max-tokens 64] [--long-prompt TOKENS]
+Usage: python lab/scripts/arena_ab.py BUNDLE [--repeats 3] [--max-tokens 64] [--long-prompt TOKENS]
 Each side runs in a process of its own (the shared arena belongs to the process, and two engines of
 one process share its heap), the sides rotating order every repeat; each process decodes one
 prompt per bench category (chat template when the bundle has one, EOS ignored) plain and
@@ -31,7 +31,7 @@ def _rss_mb() -> float:
 def _side(bundle: Path, side: str, max_tokens: int, long_prompt: int) -> None:
     """One process's measurement, as JSON on stdout."""
     from specdeploy.backends import onnxruntime as backend
-    from specdeploy.bench import sides
+    import sides
     from specdeploy.config import GenerationConfig
     from specdeploy.runtime.engine import Engine
 
@@ -77,7 +77,7 @@ def main() -> None:
     if args.long_prompt + args.max_tokens > manifest.max_context:
         raise ConfigError(f"--long-prompt {args.long_prompt} leaves no room for {args.max_tokens} new "
                          f"tokens in this bundle's {manifest.max_context}-token context; lower it")
-    from specdeploy.bench.sides import alternate
+    from sides import alternate
 
     runs = alternate(__file__, SIDES, args.repeats, [str(args.bundle), "--max-tokens", str(args.max_tokens),
                                                       "--long-prompt", str(args.long_prompt)])
@@ -85,6 +85,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from specdeploy.errors import run_script
+    from sides import run_script
 
     run_script(main)

@@ -1,6 +1,6 @@
 """What re-quantizing an fp32 bundle's weights to int4 costs, per method, and what its source left to measure.
 
-Usage: python scripts/requant_error.py BUNDLE [--graphs draft verify head] [--alphas 0.1 0.2 0.3 0.4 0.5]
+Usage: python lab/scripts/requant_error.py BUNDLE [--graphs draft verify head] [--alphas 0.1 0.2 0.3 0.4 0.5]
 BUNDLE is an fp32 bundle; `--graphs` limits the run to those graphs (a 262k-row head takes long).
 First: how many weight matmuls are already on a 4-bit grid, i.e. reproduced bitwise by minmax int4
 in blocks of 32 (`quantize --method minmax`'s grid, GGUF Q4_1's). An export of a Q4_1 GGUF is:
@@ -112,6 +112,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from specdeploy.errors import run_script
+    from sides import run_script
 
     run_script(main)

@@ -1,4 +1,4 @@
-"""One side of a scripts/*_ab.py comparison: one prompt per bench category, decoded plain and
+"""One side of a lab/scripts/*_ab.py comparison: one prompt per bench category, decoded plain and
 speculative, tokens/s of each.
 
 A side runs in a process of its own: huge pages, arenas and the heap belong to a process, and two
@@ -11,14 +11,9 @@ import subprocess
 import sys
 import time
 
-from ..config import GenerationConfig
-from ..prompts import BENCH_PROMPTS
-
-
-def encode(engine, text: str) -> list[int]:
-    """Prompt ids: the chat template when the bundle has one, the text itself for a base model."""
-    chat = engine.tokenizer.chat_template is not None
-    return engine.encode_prompt([{"role": "user", "content": text}] if chat else text)
+from specdeploy.bench.encoding import encode
+from specdeploy.config import GenerationConfig
+from specdeploy.prompts import BENCH_PROMPTS
 
 
 def category_prompts(engine, max_tokens: int) -> list[list[int]]:
@@ -59,3 +54,13 @@ def mode_rates(engine, prompts: list[list[int]], max_tokens: int) -> dict[str, f
             tokens += len(engine.generate_ids(ids, config))
         rates[mode] = tokens / (time.perf_counter() - began)
     return rates
+
+
+def run_script(main) -> None:
+    """Run a script's main(): a user error ends it with its one-line message and exit status 1."""
+    from specdeploy.errors import SpecDeployError
+
+    try:
+        main()
+    except SpecDeployError as exc:
+        raise SystemExit(f"error: {exc}") from None

@@ -1,0 +1,51 @@
+"""What one `quantize` is asked, as one validated object carried through every step."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..bundle import io_names
+from ..constants import DEFAULT_QUANT_METHOD, PRECISIONS, QUANT_METHODS
+from ..errors import ConfigError
+from .compute import ComputeOptions
+
+
+@dataclass(frozen=True)
+class QuantizeOptions:
+    """`precision` for every graph unless `draft_precision` / `verify_precision` say otherwise (the
+    draft head follows the draft graph, the LM head follows verify); `method` rounds int4 / int8
+    weights a source GGUF does not carry (gptq by default: the lowest error of the methods offered);
+    `tensorrt` also writes each integer graph's DequantizeLinear form; `report` measures the quality
+    report against the fp32 bundle; `compute` says how integer graphs are built."""
+
+    precision: str
+    draft_precision: str | None = None
+    verify_precision: str | None = None
+    method: str = DEFAULT_QUANT_METHOD
+    tensorrt: bool = False
+    prompts_file: Path | None = None
+    report: bool = True
+    compute: ComputeOptions = ComputeOptions()
+
+    def __post_init__(self):
+        for p in (self.precision, self.draft_precision, self.verify_precision):
+            if p is not None and p not in PRECISIONS:
+                raise ConfigError(f"precision '{p}' is unknown; pick one of {', '.join(PRECISIONS)}")
+        if self.method not in QUANT_METHODS:
+            raise ConfigError(f"method '{self.method}' is unknown; pick one of {', '.join(QUANT_METHODS)}")
+
+    def plan(self, manifest) -> dict[str, str]:
+        """Precision per graph of `manifest`."""
+        draft, verify = self.draft_precision or self.precision, self.verify_precision or self.precision
+        by_graph = {io_names.DRAFT: draft, io_names.DRAFT_HEAD: draft, io_names.VERIFY: verify, io_names.HEAD: verify}
+        return {name: by_graph[name] for name in manifest.graphs}
+
+    def label(self, plan: dict[str, str]) -> str:
+        """The bundle's precision: one name, or each graph's where they differ."""
+        return self.precision if len(set(plan.values())) == 1 else "+".join(f"{k}:{v}" for k, v in plan.items())
+
+    def texts(self) -> list[str]:
+        """Calibration text: the built-in prompts (every one for GPTQ's Gram matrices) and the user's."""
+        from .feeds import calibration_texts
+
+        return calibration_texts(self.prompts_file, every=self.method == "gptq")
