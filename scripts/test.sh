@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set up from scratch if needed, fetch the example model, run the test suite: the default set, or
-# with --long also the end-to-end runs of minutes each (fetching Gemma 3 270M for them).
+# Set up from scratch if needed, fetch the example model, lint, run the test suite: the default set,
+# or with --long also the end-to-end runs of minutes each (fetching Gemma 3 270M for them).
+# docs/testing.md lists the tiers (`-m unit`: the fast one, under two minutes).
 # The playground test drives Debian's chromium through Playwright: install it when missing.
 # Two workers, a test file each at a time (pytest-xdist): exports and the reference models are
 # mostly single-threaded Python, so the second core is otherwise idle through much of the suite;
@@ -9,7 +10,7 @@
 # own CPU), not xdist's by-test-count order. `-n 0` runs serially.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -x .venv/bin/pytest ] && .venv/bin/python -c "import playwright, tritonclient.grpc, xdist, yaml" 2>/dev/null || scripts/setup.sh
+[ -x .venv/bin/pytest ] && [ -x .venv/bin/ruff ] && .venv/bin/python -c "import playwright, tritonclient.grpc, xdist, yaml" 2>/dev/null || scripts/setup.sh
 if ! command -v chromium >/dev/null 2>&1; then
     SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
     $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium >/dev/null
@@ -19,4 +20,5 @@ case " $* " in *" --long "*)  # the long tier's Gemma 3 end-to-end tests
     scripts/fetch_gemma3.sh || echo "Gemma 3 270M could not be fetched: its end-to-end tests skip" ;;
 esac
 . .venv/bin/activate
+ruff check specdeploy tests scripts examples lab   # the rules: pyproject.toml [tool.ruff]
 exec python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder "$@"

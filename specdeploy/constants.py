@@ -40,7 +40,7 @@ DEFAULT_MAX_CONTEXT = 2048
 MAX_CONTEXT_RANGE = (16, 32768)
 
 # rows one prefill pass carries: a longer prompt is prefilled in passes of this many rows, which
-# bounds its activations (docs/benchmarks.md, "Chunked prefill")
+# bounds its activations (lab/notes/benchmarks-history.md, "Chunked prefill")
 DEFAULT_PREFILL_CHUNK = 256
 
 # a bundle is a directory; this is its default name (it is not a TensorRT plan file)

@@ -112,7 +112,8 @@ def tiny_engine(tiny_bundle):
 
 @pytest.fixture(scope="session")
 def example_bundle(tmp_path_factory) -> Path:
-    """The real example model (SmolLM2-135M-Instruct) exported at exit layer 8."""
+    """The real example model (SmolLM2-135M-Instruct) exported at exit layer 8, fp32 (the reference
+    its quantized bundles are measured against)."""
     if not EXAMPLE_GGUF.is_file():
         pytest.skip(f"example model not fetched ({EXAMPLE_GGUF}); run scripts/fetch_model.sh")
     from specdeploy.export import ExportConfig, export
@@ -121,7 +122,7 @@ def example_bundle(tmp_path_factory) -> Path:
     if prebuilt and (Path(prebuilt) / "manifest.json").is_file():
         return Path(prebuilt)
     out = tmp_path_factory.mktemp("example") / "engine.plan"
-    return export(ExportConfig(source=EXAMPLE_GGUF, exit_layer=8, max_context=1024, output=out))
+    return export(ExportConfig(source=EXAMPLE_GGUF, exit_layer=8, max_context=1024, output=out, precision="fp32"))
 
 
 def _has_gpu() -> bool:
@@ -171,6 +172,9 @@ def _end_to_end_files_first(items) -> None:
     items.sort(key=lambda item: (item.path not in slow, -count[item.path], first[item.path]))
 
 
+NOT_UNIT = ("slow", "long", "integration", "triton", "gpu", "tensorrt")  # `-m unit`: every test without these
+
+
 def pytest_collection_modifyitems(config, items):
     """`gpu` / `tensorrt` tests skip cleanly where the hardware or package is absent, `long` ones
     unless asked for; the end-to-end files are scheduled first."""
@@ -182,6 +186,8 @@ def pytest_collection_modifyitems(config, items):
     trt = importlib.util.find_spec("tensorrt") is not None
     long = config.getoption("--long")
     for item in items:
+        if not any(item.get_closest_marker(m) for m in NOT_UNIT):
+            item.add_marker(pytest.mark.unit)
         if item.get_closest_marker("long") and not long:  # the marker, not a test or parameter named so
             item.add_marker(pytest.mark.skip(reason="a long end-to-end run: `scripts/test.sh --long` runs it"))
         if "gpu" in item.keywords and not gpu:

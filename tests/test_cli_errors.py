@@ -87,7 +87,7 @@ def test_failed_export_leaves_the_existing_bundle_untouched(bad_sources, tiny_bu
     existing = tmp_path / "existing"
     shutil.copytree(tiny_bundle, existing)
     before = {p.name: p.read_bytes() for p in existing.iterdir() if p.is_file()}
-    for name, source, fragment in bad_sources:
+    for _name, source, fragment in bad_sources:
         assert_one_line_error(run("export", source, "--exit-layer", 1, "--output", existing), fragment)
     assert {p.name: p.read_bytes() for p in existing.iterdir() if p.is_file()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["existing"]  # no staging left behind
@@ -107,7 +107,7 @@ def test_export_to_an_unwritable_output(tiny_model_dir, tmp_path):
 
 
 def test_calibrate_bad_inputs(bad_sources, tiny_model_dir, tmp_path):
-    for name, source, fragment in bad_sources[:3]:
+    for _name, source, fragment in bad_sources[:3]:
         assert_one_line_error(run("calibrate", source, "--output", tmp_path / "out"), fragment)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("{nope\n")

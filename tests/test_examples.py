@@ -1,7 +1,10 @@
 """The programs in examples/ run as a user would run them."""
+import pytest
 import subprocess
 import sys
 from pathlib import Path
+
+pytestmark = pytest.mark.integration  # servers, a browser, real models or every family: not the fast tier
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

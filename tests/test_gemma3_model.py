@@ -30,7 +30,7 @@ def gemma(tmp_path_factory):
     from specdeploy.export.gguf_reads import parsed_once
 
     with parsed_once():  # the export and the reference share one parse of the 262k-token vocabulary
-        bundle = export(ExportConfig(source=GGUF, exit_layer=6, max_context=1024,
+        bundle = export(ExportConfig(source=GGUF, exit_layer=6, max_context=1024, precision="fp32",
                                      output=tmp_path_factory.mktemp("gemma3") / "gemma3.plan"), echo=lambda s: None)
         model = transformers.AutoModelForCausalLM.from_pretrained(GGUF.parent, gguf_file=GGUF.name,
                                                                   dtype=torch.float32).eval()

@@ -54,7 +54,7 @@ def _head_bits(bundle) -> set:
 
 def test_an_int4_bundle_re_quantizes_its_lm_head_at_8_bits(quantized):
     """Re-quantized, the head keeps 8 bits (llama.cpp's 4-bit files keep it at 6-8): a 4-bit head cost
-    ~10 points of top-1 on the example and on Gemma 3 (docs/benchmarks.md)."""
+    ~10 points of top-1 on the example and on Gemma 3 (lab/notes/benchmarks-history.md)."""
     kind, bundle, lines = quantized
     if kind not in ("int4", "int4-rtn"):
         pytest.skip("the int4 bundles made by rtn and gptq show it")

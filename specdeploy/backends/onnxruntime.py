@@ -34,7 +34,7 @@ def register_shared_arena() -> None:
     a fresh mapping) varies run to run: the example's int4 peak was 237 or 245 MB between
     identical runs and a 1,900-token prompt peaked at 724-728 MB. One arena shared by the draft,
     verify and head sessions reuses one set of chunks: 236 MB every run, 463-467 MB for that
-    prompt, and decoding as fast (scripts/arena_ab.py, docs/benchmarks.md).
+    prompt, and decoding as fast (lab/scripts/arena_ab.py, lab/notes/benchmarks-history.md).
     """
     info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
     try:
@@ -58,14 +58,14 @@ def session_options(threads: int | None = None, log_severity: int = 3,
     spinning only inside a run.
 
     A decode pass is hundreds of small ops; a pool that sleeps between them pays a thread wake-up
-    per op (docs/benchmarks.md: plain decoding 52 → 65 tok/s on 2 cores once pools spin). Draft,
+    per op (lab/notes/benchmarks-history.md: plain decoding 52 → 65 tok/s on 2 cores once pools spin). Draft,
     verify and head sessions alternate, so a pool still spinning after its run would fight the next
     session for the same cores: each pool spins while its session runs and stops when the run ends.
     `fold_dequantize` (weight-only fp8 graphs): dequantize the weights once at load instead of
     letting ONNX Runtime fuse them into kernels that quantize activations per call, whose results
     depend on how many rows a call carries and so break greedy identity with plain decoding.
     `arena` (default `CPU_ARENA`): see `register_shared_arena`; "session" and "none" are kept for
-    scripts/arena_ab.py to measure against.
+    lab/scripts/arena_ab.py to measure against.
     """
     arena = arena or CPU_ARENA
     if arena not in ARENAS:

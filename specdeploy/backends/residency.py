@@ -1,6 +1,6 @@
 """Resident memory: what a loaded bundle keeps in RAM beyond the weights its kernels read.
 
-Three things, each measured on the example (scripts/memory_breakdown.py, docs/benchmarks.md):
+Three things, each measured on the example (lab/scripts/memory_breakdown.py, lab/notes/benchmarks-history.md):
 * ONNX Runtime maps a bundle's page-aligned external initializers straight from the weights file.
 Kernels that prepack copy what they need at load; most release their mapped input then, but some
 keep it mapped although no run reads it again (on x86, MatMulNBits packs its scales beside the
@@ -19,7 +19,7 @@ ONNX Runtime asks for them), so the walk through ~100+ MB costs a TLB miss every
 sessions are built, `collapse_new` asks the kernel to back the memory their load mapped, where it
 is already (almost) all resident, with 2 MB pages (`MADV_COLLAPSE`, Linux >= 6.1; elsewhere
 nothing changes): the same bytes, resident memory unchanged, plain int4 decoding 1.08-1.29x in
-four runs on the example and Gemma 3 270M (docs/benchmarks.md). Sparse mappings (the KV buffers,
+four runs on the example and Gemma 3 270M (lab/notes/benchmarks-history.md). Sparse mappings (the KV buffers,
 shared anonymous maps) are left alone.
 Pages of a file written moments ago stay dirty until written back and are not paged out (a bundle
 just quantized holds more until then); pages a kernel still reads (int8's MatMulNBits reads some of

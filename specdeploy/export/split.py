@@ -61,7 +61,7 @@ transformers.AttentionInterface.register(ATTN_IMPLEMENTATION, _attention)
 
 def _rms_forward(module, plus_one: bool, hidden):
     weight = module.weight.float() + 1.0 if plus_one else module.weight.float()
-    eps = getattr(module, "variance_epsilon", None) or getattr(module, "eps")
+    eps = getattr(module, "variance_epsilon", None) or module.eps
     return F.rms_norm(hidden.float(), (hidden.shape[-1],), weight, eps).to(hidden.dtype)
 
 

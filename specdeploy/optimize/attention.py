@@ -3,7 +3,7 @@
 The exported attention (export/split.py) is written op by op so that its rows do not depend on how
 many a call carries: split into heads, two rotary embeddings, two KV writes, two KV slices, a
 scale, a stacking reshape, two matmuls, the mask, a softmax and three reshapes back: some
-eighteen small kernels a layer (docs/benchmarks.md has what they cost). ONNX Runtime's CPU
+eighteen small kernels a layer (lab/notes/benchmarks-history.md has what they cost). ONNX Runtime's CPU
 `GroupQueryAttention` does all of it in one (rotary, the in-place KV write into the shared buffer,
 causal attention) and is bitwise row-independent for two query rows or more, but its one-row path
 is another kernel. So the fused form always hands it one row more than the call carries: a zero

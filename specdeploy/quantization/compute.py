@@ -25,7 +25,7 @@ blocks reach -128 with negative scales and so have no exact TensorRT form.
 ONNX Runtime's HQQ was measured and is not offered: its float zero points run a ~9x slower path
 whose rows are not independent. Nor is AWQ-style activation-aware scaling: over Gemma 3 270M's
 126 layer weights (none on a 4-bit grid in its GGUF) it cut minmax's output error by 1.8x, still
-13x GPTQ's, and raised GPTQ's by 1.15x (scripts/requant_error.py, docs/benchmarks.md).
+13x GPTQ's, and raised GPTQ's by 1.15x (lab/scripts/requant_error.py, lab/notes/benchmarks-history.md).
 """
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ class ComputeOptions:
     applies) or stays op by op (what ONNX Runtime's CUDA provider needs), and the bits of an int4
     bundle's LM head where it is re-quantized (8: as llama.cpp's 4-bit files keep it, Q6_K / Q8_0;
     a 4-bit head cost ~10 points of top-1 on the example and on Gemma 3, and the speed an 8-bit
-    head costs is the head's share of a step: docs/benchmarks.md)."""
+    head costs is the head's share of a step: lab/notes/benchmarks-history.md)."""
 
     int4_block: int | None = None
     fuse: bool = True

@@ -3,7 +3,7 @@ block sums as extra rows of K.
 
 The exact offset term (nbits.offset_nodes) reads a float32 table [K/32, N] beside each weight and
 runs a matmul and an add; on the example it was 15% of a plain int4 step, in those tables' bytes
-and its small ops (scripts/offset_cost.py). Folded, each block with values q (stored as u = q + 2^(b-1)),
+and its small ops (lab/scripts/offset_cost.py). Folded, each block with values q (stored as u = q + 2^(b-1)),
 scale d and offset o computes
 
     W = d*q + o = d*(u - z) + r,   z = clip(round(2^(b-1) - o/d), 0, 2^b - 1),   r = o - d*(2^(b-1) - z)
@@ -15,7 +15,7 @@ input (one Concat per activation, shared by every matmul reading it) and r becom
 of the same MatMulNBits, on a grid of their own per block of those rows. The values and scales
 stay what they were (a GGUF's own); each offset moves by at most half a step of its rows' grid
 (`offset_error`). Why not exact: no integer zero point holds a float minimum, and a float zero
-point runs a ~70x slower path. What it buys and costs on the example: docs/benchmarks.md.
+point runs a ~70x slower path. What it buys and costs on the example: lab/notes/benchmarks-history.md.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 MatMulNBits (accuracy level 4) rounds each activation row to int8 per block of K, so one channel
 far larger than its neighbours sets its block's step and the other 31 round to a few levels. The
 example's matmul inputs have such channels in fixed places (down projections up to 4600x the
-median channel, norm outputs 15-60x: scripts/outlier_channels.py). Those channels are masked to zero
+median channel, norm outputs 15-60x: lab/scripts/outlier_channels.py). Those channels are masked to zero
 before the MatMulNBits and their product is added in float32 from the same (dequantized) weight
 rows: x @ W = (x * mask) @ W + x[:, c] @ W[c, :]. Every op in the term (Mul, Gather, a small float
 matmul, Add) computes a row from that row alone, so rows stay independent (the bundle's row check

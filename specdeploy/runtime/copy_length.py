@@ -32,7 +32,7 @@ class RowCosts:
 
     A longer round is recorded as its seconds over the plain rounds' mean when it ran, not as
     seconds: copies are rare where they rarely pay, so the last two-row rounds can be minutes old,
-    and a VM's speed moves by a fifth in that time (docs/benchmarks.md). Set against plain rounds
+    and a VM's speed moves by a fifth in that time (lab/notes/benchmarks-history.md). Set against plain rounds
     timed since, old seconds made a row look cheap after the machine slowed and dear after it sped
     up; a ratio to the plain rounds around it moves with the machine, as the bench's paired
     speedups do. On a machine whose speed holds, both give the same prices.
@@ -129,7 +129,7 @@ class CopyLength:
     that rarely repeats. Young measurements move a lot, so the prices are redone after each of the
     first YOUNG observed rounds and after 16 and 32: the first table rests on the acceptance prior, and
     kept for 64 rounds it copied at nearly every match of the example's QA prompts
-    (`scripts/round_overhead.py engine-int4.plan`: 56 rejected copies in 239 rounds; 21 in 249
+    (`lab/scripts/round_overhead.py engine-int4.plan`: 56 rejected copies in 239 rounds; 21 in 249
     re-priced early).
     """
 

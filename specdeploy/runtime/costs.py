@@ -16,7 +16,7 @@ from .split_model import SplitModel
 def interleaved_times(calls: dict, repeats: int) -> dict:
     """Seconds of every call in `calls` per repeat: {key: [repeats]}, the calls taken in turn.
 
-    A VM's speed drifts by a fifth within a minute (docs/benchmarks.md): timed one after the other,
+    A VM's speed drifts by a fifth within a minute (lab/notes/benchmarks-history.md): timed one after the other,
     fifteen passes over one row and then fifteen over two set the second row against another
     moment of the machine, and twelve such measurements of one bundle priced it at 1.11 to 1.51
     steps. Taken in turn (the order reversed every other repeat), each repeat times every call at

@@ -91,7 +91,7 @@ def find_continuation(history: np.ndarray, num_draft_tokens: int, ngram_min: int
     continuation is far likelier to be accepted; plus CONTESTED when the n-gram occurred once more
     before and went on with another token there. Such a match is the text's own counter-example:
     on the example's greedy int4 outputs a first copy after a one-token match was accepted 11% of
-    the time when contested and 30% when not (docs/benchmarks.md). Every round searches, between
+    the time when contested and 30% when not (lab/notes/benchmarks-history.md). Every round searches, between
     passes that leave the caches cold, so the search is a few byte searches in C (longest n-gram
     first) rather than numpy calls or a Python loop over the history: those cost 1% of a step
     where copies rarely pay.

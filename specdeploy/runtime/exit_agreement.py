@@ -2,7 +2,7 @@
 
 The hybrid learns whether early-exit rounds pay by running some (`drafting.Verdict`: three
 one-token probes to start, then a re-check now and then). On the example's uncalibrated int4
-bundle each probe cost 1.78 plain steps for the one token it emitted (`scripts/round_overhead.py
+bundle each probe cost 1.78 plain steps for the one token it emitted (`lab/scripts/round_overhead.py
 engine-int4.plan --category qa`), most of what a fresh engine lost to plain decoding on its first
 QA answers, and the whole of it on a single short request. A probe costs at least one more pass
 through the draft graph's k of L layers, and yields one token more only when the exit agrees with

@@ -3,7 +3,7 @@
 Modes run back to back on the same prompt before moving on, so machine noise hits all of them
 alike, in reverse order on odd repeats, so no mode always runs first after a prompt change. A
 speedup is the median over repeats of the ratio *within* each repeat: a VM whose speed moves by
-a fifth between repeats (the Intel VM of docs/benchmarks.md) moves both sides of that ratio alike,
+a fifth between repeats (the Intel VM of lab/notes/benchmarks-history.md) moves both sides of that ratio alike,
 where a ratio of each mode's own median time can pair one mode's fast repeat with the other's
 slow one.
 """

@@ -27,7 +27,7 @@ def _two_rows(reference_seconds, peer_seconds):
 
 
 def test_a_run_whose_repeats_disagree_is_flagged_as_no_reading():
-    """The figures of two runs on one VM (docs/benchmarks.md): the first disturbed — plain's repeats
+    """The figures of two runs on one VM (lab/notes/benchmarks-history.md): the first disturbed — plain's repeats
     8.7 / 12.4 / 10.7 s — the second steady; only the first carries the warning."""
     from specdeploy.bench.peers import unsteady
 

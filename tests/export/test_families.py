@@ -18,6 +18,8 @@ from specdeploy.export import ExportConfig, export
 from specdeploy.quantization.quality import teacher_forced_logits
 from specdeploy.runtime.engine import Engine
 
+pytestmark = pytest.mark.integration  # servers, a browser, real models or every family: not the fast tier
+
 FAMILIES = ["gemma2", "gemma3_text", "phi3", "smollm3", "granite", "olmo2", "llama3"]
 PROMPTS = [[5, 17, 33, 8, 61, 2, 90, 41, 12, 13, 14], [3, 4, 5, 6, 7, 8, 9, 10], [40, 41, 42, 43, 44, 45]]
 

@@ -7,6 +7,8 @@ import shutil
 
 import pytest
 
+pytestmark = pytest.mark.integration  # servers, a browser, real models or every family: not the fast tier
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]

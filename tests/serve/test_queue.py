@@ -1,10 +1,13 @@
 """Queue overflow, deterministically: the worker is held mid-generation while requests arrive."""
+import pytest
 import asyncio
 import threading
 
 import httpx
 
 from specdeploy.serve.app import Server
+
+pytestmark = pytest.mark.integration  # servers, a browser, real models or every family: not the fast tier
 
 
 class HeldEngine:

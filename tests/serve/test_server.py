@@ -9,6 +9,8 @@ from openai import OpenAI
 
 from tests_serve_support import RunningServer
 
+pytestmark = pytest.mark.integration  # servers, a browser, real models or every family: not the fast tier
+
 
 
 def client(server) -> OpenAI:

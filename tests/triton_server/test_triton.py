@@ -319,3 +319,30 @@ def test_the_triton_client_example_streams(triton, tiny_bundle):
     text, summary = out.stdout.rsplit("\n", 2)[:2]
     assert text == _runtime_text(tiny_bundle, "w3 w4 w5", max_new_tokens=64)
     assert "tokens/round" in summary and "[hybrid]" in summary
+
+
+def _documented_requests():
+    """(endpoint, body) of every curl request docs/serving.md shows for Triton."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "serving.md").read_text()
+    found = re.findall(r"curl -sN? localhost:8000/v2/models/specdeploy/(generate(?:_stream)?) -d '(.+?)'", text)
+    return [(endpoint, json.loads(body)) for endpoint, body in found]
+
+
+def test_the_documented_requests_answer_with_text(triton, tiny_bundle):
+    """What a user copies first works: each documented request gets text (the chat ones through the
+    bundle's template, as the runtime renders them)."""
+    requests = _documented_requests()
+    assert len(requests) == 3 and any("messages" in body for _, body in requests)
+    for endpoint, body in requests:
+        if endpoint == "generate_stream":
+            text = "".join(e["text_output"] for e in _stream(triton, body))
+        else:
+            r = httpx.post(triton["model"] + "/generate", json=body, timeout=60)
+            assert r.status_code == 200, r.text
+            text = r.json()["text_output"]
+        if "messages" in body and body.get("temperature") == 0:
+            assert text == _runtime_text(tiny_bundle, json.loads(body["messages"]), max_new_tokens=body["max_tokens"])
+        assert text.strip(), (endpoint, body)
