@@ -63,13 +63,13 @@ def test_the_readme_commands_export_the_example_at_its_own_int4_exact_and_smalle
     perplexity within 10%."""
     from click.testing import CliRunner
 
-    from conftest import EXAMPLE_GGUF
     from specdeploy.bundle import manifest as manifest_io
     from specdeploy.bundle.describe import describe
     from specdeploy.cli import main
 
+    gguf = manifest_io.read(example_bundle).extra["source"]  # the example's GGUF, as fetched
     bundle = tmp_path / "engine.plan"
-    result = CliRunner().invoke(main, ["export", "--exit-layer", "8", str(EXAMPLE_GGUF), "--output", str(bundle),
+    result = CliRunner().invoke(main, ["export", "--exit-layer", "8", gguf, "--output", str(bundle),
                                        "--max-context", "1024"])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
