@@ -1,4 +1,5 @@
 """The command line: one-line errors, non-zero exits, no tracebacks."""
+import pytest
 from click.testing import CliRunner
 
 from specdeploy.cli import main
@@ -72,6 +73,7 @@ def test_inspect_and_plain_flags(tiny_bundle):
     assert result.exit_code == 0 and "[plain]" in result.output
 
 
+@pytest.mark.integration  # a whole export (or Hugging Face generate): not the fast tier
 def test_export_and_generate_through_the_cli(tiny_model_dir, tmp_path):
     out = tmp_path / "cli.plan"
     result = run("export", tiny_model_dir, "--exit-layer", 1, "--max-context", 64, "--output", out)

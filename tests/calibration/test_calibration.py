@@ -14,6 +14,8 @@ from specdeploy.export import ExportConfig, export
 from specdeploy.runtime.engine import Engine
 from specdeploy.runtime.stats import GenerationStats
 
+pytestmark = pytest.mark.integration  # calibration end to end, exports included: not the fast tier
+
 SMALL = CalibrationConfig(gammas=(2, 3), draft_vocab_size=48, max_new_tokens=12, train_steps=40,
                           measure_prompts=2, measure_tokens=12)
 

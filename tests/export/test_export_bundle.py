@@ -8,6 +8,7 @@ from specdeploy.errors import ConfigError, ModelSourceError, UnsupportedModelErr
 from specdeploy.export import ExportConfig, export
 
 
+@pytest.mark.integration  # a whole export (or Hugging Face generate): not the fast tier
 @pytest.mark.parametrize("arch", ["mistral", "qwen2", "qwen3"])
 def test_other_families_export_validate_and_decode_exactly(arch, tmp_path):
     from specdeploy.config import GenerationConfig
@@ -101,6 +102,7 @@ def test_reference_schedule_catches_a_broken_graph(tiny_bundle, tiny_model_dir):
         validate_bundle(model, tiny_bundle, m)
 
 
+@pytest.mark.integration  # a whole export (or Hugging Face generate): not the fast tier
 def test_opset_23_bundle_for_older_onnxruntime(tmp_path):
     """ScatterND instead of TensorScatter: what ONNX Runtime 1.23 (Python 3.10) can run."""
     import onnx
@@ -124,6 +126,7 @@ def test_opset_23_bundle_for_older_onnxruntime(tmp_path):
         check_opset(m.replace(opset=24), "1.23.2")
 
 
+@pytest.mark.integration  # a whole export (or Hugging Face generate): not the fast tier
 def test_interrupted_export_leaves_existing_bundle_untouched(tiny_bundle, tiny_model_dir, tmp_path, monkeypatch):
     import shutil
 
@@ -143,6 +146,7 @@ def test_interrupted_export_leaves_existing_bundle_untouched(tiny_bundle, tiny_m
     assert sorted(p.name for p in tmp_path.iterdir()) == ["existing"]
 
 
+@pytest.mark.integration  # a whole export (or Hugging Face generate): not the fast tier
 def test_export_shows_progress_not_exporter_noise(tiny_model_dir, tmp_path):
     import subprocess
     import sys

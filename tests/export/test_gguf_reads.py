@@ -21,6 +21,7 @@ def parses(monkeypatch):
     return seen
 
 
+@pytest.mark.integration  # a whole export (or Hugging Face generate): not the fast tier
 def test_a_gguf_export_load_parses_the_file_once(parses):
     if not EXAMPLE_GGUF.is_file():
         pytest.skip(f"example model not fetched ({EXAMPLE_GGUF}); run scripts/fetch_model.sh")

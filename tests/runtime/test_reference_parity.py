@@ -26,6 +26,7 @@ def test_draft_then_verify_equals_the_unsplit_model(tiny_engine, hf_model):
     assert np.abs(ours - theirs).max() < 1e-4
 
 
+@pytest.mark.integration  # a whole export (or Hugging Face generate): not the fast tier
 @pytest.mark.parametrize("exit_layer", [1, 3])
 def test_greedy_equals_hugging_face_generate(hf_model, tiny_model_dir, tmp_path, exit_layer):
     bundle = export_tiny("llama", tmp_path, exit_layer=exit_layer)
