@@ -112,6 +112,7 @@ def probe_copy(bundle: Path, out: Path, rewrite) -> int:
     weights.share(staged, out, manifest.weights)
     for path in [*out.glob("*.staged.onnx"), *out.glob("*.staged.data")]:
         path.unlink()
+    manifest_io.write(out, manifest)  # sealed again: its files' sizes and hashes are the copy's
     return count
 
 
