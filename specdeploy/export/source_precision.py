@@ -43,9 +43,9 @@ def describe(counts: Counter, precision: str) -> str:
     """One line for the export log: what the file holds, what was kept, and how to choose another."""
     total = sum(counts.values()) or 1
     held = ", ".join(f"{t} {n / total:.0%}" for t, n in counts.most_common(3))
-    other = "fp32, fp16, int8 or int4" if precision == "fp32" else "fp32 (float graphs) or the other integer width"
-    return (f"precision {precision}: the file's own (layer weights {held}); --precision chooses another "
-            f"({other})")
+    others = "|".join(p for p in ("fp32", "int8", "int4") if p != precision)
+    kept = "" if precision == "fp32" else ", its blocks carried"
+    return f"precision {precision}: the file's own (layer weights {held}){kept}; --precision {others} chooses another"
 
 
 def choose(source: Path) -> tuple[str, str]:

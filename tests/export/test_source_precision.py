@@ -45,7 +45,8 @@ def test_a_gguf_file_is_read_for_its_layer_weight_types(tmp_path, kind, expected
     assert set(counts) == {kind} and sum(counts.values()) == 2 * 64 * 64  # the embedding is not a layer weight
     precision, line = source_precision.choose(path)
     assert precision == expected
-    assert line.startswith(f"precision {expected}: the file's own (layer weights {kind} 100%)") and "--precision" in line
+    assert line.startswith(f"precision {expected}: the file's own (layer weights {kind} 100%), its blocks carried; "
+                           "--precision fp32|") and line.endswith(" chooses another")
 
 
 def test_a_hugging_face_directory_stays_float(tiny_model_dir):
