@@ -30,12 +30,11 @@ def _rss_mb() -> float:
 
 def _side(bundle: Path, side: str, max_tokens: int, long_prompt: int) -> None:
     """One process's measurement, as JSON on stdout."""
-    from specdeploy.backends import onnxruntime as backend
     import sides
     from specdeploy.config import GenerationConfig
     from specdeploy.runtime.engine import Engine
 
-    backend.CPU_ARENA = side
+    sides.use_arena(side)
     with Engine(bundle) as engine:
         out = sides.mode_rates(engine, sides.category_prompts(engine, max_tokens), max_tokens)
         out["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -30,8 +30,11 @@ def main() -> None:
     import numpy  # noqa: F401
     import onnxruntime
 
+    from sides import use_arena
     from specdeploy.backends import onnxruntime as backend
     from specdeploy.backends.residency import page_out, trim_heap
+
+    use_arena(args.arena)
     from specdeploy.bundle import manifest as manifest_io
     from specdeploy.config import GenerationConfig
     from specdeploy.prompts import BENCH_PROMPTS
@@ -46,7 +49,7 @@ def main() -> None:
     print(f"{'tokenizer':24s} {rss()}")
     stages = {}
     for name, graph in m.graphs.items():
-        options = backend.session_options(arena=args.arena)
+        options = backend.session_options()  # as --arena asks (use_arena above)
         session = onnxruntime.InferenceSession(str(args.bundle / graph.file), options,
                                                providers=["CPUExecutionProvider"])
         if not args.keep:

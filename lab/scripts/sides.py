@@ -64,3 +64,21 @@ def run_script(main) -> None:
         main()
     except SpecDeployError as exc:
         raise SystemExit(f"error: {exc}") from None
+
+
+def use_arena(arena: str) -> None:
+    """Make this process's sessions use `arena`: "shared" (the runtime's own: one CPU arena for every
+    session), "session" (an arena each) or "none" (malloc), to measure the runtime's choice against."""
+    from specdeploy.backends import onnxruntime as backend
+
+    if arena == "shared":
+        return
+    original = backend.session_options
+
+    def options(*args, **kwargs):
+        so = original(*args, **kwargs)
+        so.add_session_config_entry("session.use_env_allocators", "0")
+        so.enable_cpu_mem_arena = arena != "none"
+        return so
+
+    backend.session_options = options

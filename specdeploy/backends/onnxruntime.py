@@ -21,8 +21,6 @@ from .residency import anonymous_regions, collapse_new, page_out, trim_heap, zer
 
 EXECUTION_PROVIDERS = dict(zip(PROVIDERS, ("CPUExecutionProvider", "CUDAExecutionProvider",
                                            "TensorrtExecutionProvider")))
-ARENAS = ("shared", "session", "none")  # one CPU arena for all sessions / one per session / malloc
-CPU_ARENA = "shared"
 SHRINK_AFTER_ROWS = 64  # more rows than any verify pass (MAX_DRAFT_TOKENS + 1): a prompt's prefill
 
 
@@ -53,7 +51,7 @@ def shrink_run() -> ort.RunOptions:
 
 
 def session_options(threads: int | None = None, log_severity: int = 3,
-                    fold_dequantize: bool = False, arena: str | None = None) -> ort.SessionOptions:
+                    fold_dequantize: bool = False) -> ort.SessionOptions:
     """Small-batch decode: one pool per session sized to the CPUs the process may use (`usable_cpus`),
     spinning only inside a run.
 
@@ -64,17 +62,12 @@ def session_options(threads: int | None = None, log_severity: int = 3,
     `fold_dequantize` (weight-only fp8 graphs): dequantize the weights once at load instead of
     letting ONNX Runtime fuse them into kernels that quantize activations per call, whose results
     depend on how many rows a call carries and so break greedy identity with plain decoding.
-    `arena` (default `CPU_ARENA`): see `register_shared_arena`; "session" and "none" are kept for
-    lab/scripts/arena_ab.py to measure against.
+    Every session uses the one CPU arena of `register_shared_arena`.
     """
-    arena = arena or CPU_ARENA
-    if arena not in ARENAS:
-        raise ConfigError(f"unknown CPU arena '{arena}'; pick one of {', '.join(ARENAS)}")
     so = ort.SessionOptions()
-    so.enable_cpu_mem_arena = arena != "none"
-    if arena == "shared":
-        register_shared_arena()
-        so.add_session_config_entry("session.use_env_allocators", "1")
+    so.enable_cpu_mem_arena = True
+    register_shared_arena()
+    so.add_session_config_entry("session.use_env_allocators", "1")
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.intra_op_num_threads = threads or usable_cpus()
