@@ -78,6 +78,8 @@ def test_export_and_generate_through_the_cli(tiny_model_dir, tmp_path):
     out = tmp_path / "cli.plan"
     result = run("export", tiny_model_dir, "--exit-layer", 1, "--max-context", 64, "--output", out)
     assert result.exit_code == 0, result.output
+    assert "precision fp32: a Hugging Face directory's float weights as they are" in result.output
+    assert "peak resident memory" in result.output  # and the step that reached it
     result = run("generate", out, "w3 w4", "--max-tokens", 6, "--raw", "--draft-source", "hybrid")
     assert result.exit_code == 0 and "speculative (hybrid)" in result.output
     result = run("generate", out, "w3 w4", "--max-tokens", 6, "--raw", "--draft-source", "lookup",

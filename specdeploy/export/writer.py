@@ -97,10 +97,11 @@ def _with_draft_head(manifest: Manifest, draft: DraftHead | None, staging: Path)
 
 
 def write_bundle(model, tokenizer, config, staging: Path, draft: DraftHead | None = None,
-                 calibration: dict | None = None, echo=lambda line: None) -> Manifest:
+                 calibration: dict | None = None, echo=lambda line: None, mark=lambda step: None) -> Manifest:
     """Export every graph of `config`'s split into the empty directory `staging` and validate it.
 
-    `config` is an ExportConfig whose exit layer and draft length are decided (not "auto").
+    `config` is an ExportConfig whose exit layer and draft length are decided (not "auto"); `mark(step)`
+    is called after each step (export/memory_log.py).
     """
     from .validate import validate_bundle
 
@@ -109,6 +110,7 @@ def write_bundle(model, tokenizer, config, staging: Path, draft: DraftHead | Non
     manifest = _with_draft_head(manifest, draft, staging)
     adapter, vocab_ids = (draft.adapter, draft.vocab_ids) if draft else (None, None)
     sizes = write_graphs(model, manifest, staging, adapter, vocab_ids)
+    mark("tracing the graphs and writing the weights")
     tok, template = save_tokenizer(tokenizer, staging)
     extra = {"weights_bytes": sizes["written"], "weights_bytes_before_dedup": sizes["referenced"],
              "source": str(Path(config.source).resolve())}
@@ -117,5 +119,8 @@ def write_bundle(model, tokenizer, config, staging: Path, draft: DraftHead | Non
         diffs = validate_bundle(model, staging, manifest, adapter, vocab_ids)
         extra["validation_max_abs_diff"] = diffs
         echo(f"validated against the PyTorch reference: max |logit difference| {max(diffs.values()):.2g}")
-    return seal(staging, manifest, echo)
+        mark("validating against the PyTorch reference")
+    sealed = seal(staging, manifest, echo)
+    mark("checking row independence")
+    return sealed
 

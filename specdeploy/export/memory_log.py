@@ -1,0 +1,42 @@
+"""Where an export's memory goes: resident memory after each step and the step that set the peak.
+
+Exporting holds the model in PyTorch, its traced graphs and the runtime's sessions in turn; which of
+them sets the peak decides how large a model a machine can export. Logged per step with -v; the
+export summary names the peak and its step.
+"""
+from __future__ import annotations
+
+import logging
+import resource
+import sys
+
+log = logging.getLogger("specdeploy")
+
+
+def _resident_mb() -> tuple[float, float]:
+    """(resident now, peak so far) in MB: /proc on Linux, the peak alone elsewhere."""
+    try:
+        fields = dict(line.split(":", 1) for line in open("/proc/self/status"))
+        return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+    except (OSError, KeyError, ValueError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin" else 1024)
+        return peak, peak
+
+
+class MemoryLog:
+    """Marks taken after each step; the peak is credited to the first step after which it was seen."""
+
+    def __init__(self):
+        self.marks: list[tuple[str, float, float]] = []   # (step, resident MB, peak MB)
+
+    def mark(self, step: str) -> None:
+        resident, peak = _resident_mb()
+        self.marks.append((step, resident, peak))
+        log.info(f"memory after {step}: {resident:,.0f} MB resident, peak so far {peak:,.0f} MB")
+
+    def summary(self) -> str:
+        if not self.marks:
+            return "peak resident memory not measured"
+        peak = self.marks[-1][2]
+        step = next(step for step, _, seen in self.marks if seen >= peak)
+        return f"peak resident memory {peak:,.0f} MB, reached while {step}"

@@ -1,0 +1,22 @@
+"""The export's memory log: resident memory per step, the peak credited to the step that reached it."""
+import logging
+
+from specdeploy.export import memory_log
+
+
+def test_the_peak_is_credited_to_the_first_step_after_which_it_was_seen(monkeypatch):
+    readings = iter([(100.0, 120.0), (900.0, 2500.0), (400.0, 2500.0)])
+    monkeypatch.setattr(memory_log, "_resident_mb", lambda: next(readings))
+    log = memory_log.MemoryLog()
+    for step in ("loading the model", "tracing the graphs", "validating"):
+        log.mark(step)
+    assert log.summary() == "peak resident memory 2,500 MB, reached while tracing the graphs"
+
+
+def test_each_step_is_logged_and_the_readings_are_this_process(caplog):
+    log = memory_log.MemoryLog()
+    with caplog.at_level(logging.INFO, logger="specdeploy"):
+        log.mark("a step")
+    resident, peak = log.marks[0][1:]
+    assert 0 < resident <= peak and "memory after a step:" in caplog.text
+    assert memory_log.MemoryLog().summary() == "peak resident memory not measured"
