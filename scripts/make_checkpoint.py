@@ -1,0 +1,109 @@
+"""A Hugging Face checkpoint of a real edge model's shape with random weights, written in bounded memory.
+
+    python scripts/make_checkpoint.py qwen2.5-1.5b -o models/qwen2.5-1.5b-random
+    python scripts/make_checkpoint.py --list
+
+For measuring export and decoding at the sizes users ship (1-8B) without downloading them: the
+config is the model's own shape, the parameter names and shapes come from the family's Hugging
+Face module built on the meta device (no memory), and `model.safetensors` is written one tensor at
+a time in chunks (bf16, as checkpoints ship), so an 8B file is made in a few hundred MB. The
+tokenizer is word-level over the model's vocabulary size ("w0" ... "wN") with a chat template.
+Random weights decode nonsense; their memory and speed are a real model's.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+SHAPES = {  # the public configs' shapes
+    "qwen2.5-0.5b": dict(model_type="qwen2", hidden_size=896, num_hidden_layers=24, intermediate_size=4864,
+                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "qwen2.5-1.5b": dict(model_type="qwen2", hidden_size=1536, num_hidden_layers=28, intermediate_size=8960,
+                         num_attention_heads=12, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "qwen2.5-3b": dict(model_type="qwen2", hidden_size=2048, num_hidden_layers=36, intermediate_size=11008,
+                       num_attention_heads=16, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "llama3.1-8b": dict(model_type="llama", hidden_size=4096, num_hidden_layers=32, intermediate_size=14336,
+                        num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False,
+                        rope_theta=500000.0),
+}
+CHUNK = 1 << 24  # elements generated at a time
+TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def parameters(shape: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of every stored parameter, from the family's own module on the meta device."""
+    import torch
+    import transformers
+
+    config = transformers.AutoConfig.for_model(**shape, max_position_embeddings=32768, bos_token_id=0,
+                                               eos_token_id=1)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    return config, [(name, tuple(p.shape)) for name, p in model.named_parameters()]
+
+
+def _bf16(values: np.ndarray) -> bytes:
+    return (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).tobytes()
+
+
+def write_safetensors(path: Path, params: list[tuple[str, tuple[int, ...]]], seed: int = 0) -> int:
+    """Every parameter as bf16, normal(0, 0.02) (norm weights 1), one chunk in memory at a time."""
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name, dims in params:
+        size = 2 * int(np.prod(dims))
+        header[name] = {"dtype": "BF16", "shape": list(dims), "data_offsets": [offset, offset + size]}
+        offset += size
+    blob = json.dumps(header).encode()
+    blob += b" " * (-len(blob) % 8)
+    rng = np.random.default_rng(seed)
+    with open(path, "wb") as f:
+        f.write(len(blob).to_bytes(8, "little") + blob)
+        for name, dims in params:
+            count = int(np.prod(dims))
+            for start in range(0, count, CHUNK):
+                n = min(CHUNK, count - start)
+                norm = name.endswith("norm.weight")
+                f.write(_bf16(np.ones(n, np.float32) if norm else rng.normal(0.0, 0.02, n)))
+    return offset
+
+
+def write_tokenizer(directory: Path, vocab_size: int) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(vocab_size)}, unk_token="w5"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="w0", eos_token="w1", unk_token="w5")
+    fast.chat_template = TEMPLATE
+    fast.save_pretrained(directory)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("shape", nargs="?", choices=sorted(SHAPES))
+    parser.add_argument("-o", "--output", type=Path)
+    parser.add_argument("--list", action="store_true", help="list the shapes and their parameter counts")
+    args = parser.parse_args()
+    if args.list or not args.shape:
+        for name in sorted(SHAPES):
+            _, params = parameters(SHAPES[name])
+            print(f"{name:14s} {sum(int(np.prod(d)) for _, d in params) / 1e9:.2f}B parameters")
+        return
+    out = args.output or Path("models") / f"{args.shape}-random"
+    out.mkdir(parents=True, exist_ok=True)
+    config, params = parameters(SHAPES[args.shape])
+    config.torch_dtype = "bfloat16"
+    config.save_pretrained(out)
+    written = write_safetensors(out / "model.safetensors", params)
+    write_tokenizer(out, config.vocab_size)
+    print(f"{out}: {sum(int(np.prod(d)) for _, d in params) / 1e9:.2f}B parameters, {written / 2**30:.2f} GiB of bf16")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
