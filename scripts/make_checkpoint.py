@@ -7,7 +7,8 @@ For measuring export and decoding at the sizes users ship (1-8B) without downloa
 config is the model's own shape, the parameter names and shapes come from the family's Hugging
 Face module built on the meta device (no memory), and `model.safetensors` is written one tensor at
 a time in chunks (bf16, as checkpoints ship), so an 8B file is made in a few hundred MB. The
-tokenizer is word-level over the model's vocabulary size ("w0" ... "wN") with a chat template.
+tokenizer is byte-level (any text encodes, a token a byte), padded to the model's vocabulary size,
+with a chat template.
 Random weights decode nonsense; their memory and speed are a real model's.
 """
 from __future__ import annotations
@@ -73,13 +74,17 @@ def write_safetensors(path: Path, params: list[tuple[str, tuple[int, ...]]], see
 
 
 def write_tokenizer(directory: Path, vocab_size: int) -> None:
+    """Byte-level: any text encodes, a token a byte (the 256 byte symbols, then fillers to the size)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(vocab_size)}, unk_token="w5"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##")
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="w0", eos_token="w1", unk_token="w5")
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {"<s>": 0, "</s>": 1, **{c: i + 2 for i, c in enumerate(sorted(alphabet))}}
+    vocab.update({f"<w{i}>": i for i in range(len(vocab), vocab_size)})
+    tok = Tokenizer(models.BPE(vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
     fast.chat_template = TEMPLATE
     fast.save_pretrained(directory)
 
@@ -98,7 +103,7 @@ def main() -> None:
     out = args.output or Path("models") / f"{args.shape}-random"
     out.mkdir(parents=True, exist_ok=True)
     config, params = parameters(SHAPES[args.shape])
-    config.torch_dtype = "bfloat16"
+    config.dtype = "bfloat16"
     config.save_pretrained(out)
     written = write_safetensors(out / "model.safetensors", params)
     write_tokenizer(out, config.vocab_size)

@@ -592,3 +592,13 @@ def test_gguf_q6_k_values_are_carried_as_int8_blocks_of_16():
     assert blocks is not None and blocks.bits == 8 and blocks.block == 16 and blocks.offsets is None
     assert blocks.q.min() >= -32 and blocks.q.max() <= 31
     np.testing.assert_array_equal(blocks.dequantize(), weight)
+
+
+def test_the_quality_report_skips_text_its_tokenizer_drops_and_says_when_none_is_left():
+    from types import SimpleNamespace
+
+    from specdeploy.quantization import quality
+
+    engine = SimpleNamespace(encode_prompt=lambda text: [], manifest=SimpleNamespace(max_context=64))
+    with pytest.raises(ConfigError, match="fewer than two tokens"):
+        quality.compare_text(engine, engine, ["a passage", "another"])

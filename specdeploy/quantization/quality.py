@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import GenerationConfig
+from ..errors import ConfigError
 from ..runtime.engine import Engine
 
 
@@ -28,12 +29,17 @@ def compare_text(reference: Engine, candidate: Engine, texts: list[str]) -> dict
     agree, total, nll_ref, nll_cand, n = 0, 0, 0.0, 0.0, 0
     for text in texts:
         ids = reference.encode_prompt(text)[: reference.manifest.max_context]
+        if len(ids) < 2:  # nothing to predict (a tokenizer that drops this text)
+            continue
         ref, cand = teacher_forced_logits(reference, ids), teacher_forced_logits(candidate, ids)
         agree += int((ref.argmax(-1) == cand.argmax(-1)).sum())
         total += len(ids)
         nll_ref += _nll(ref[:-1], ids[1:]) * (len(ids) - 1)
         nll_cand += _nll(cand[:-1], ids[1:]) * (len(ids) - 1)
         n += len(ids) - 1
+    if not n:
+        raise ConfigError("the bundle's tokenizer turns every passage of the quality report into fewer than two "
+                          "tokens; check its tokenizer.json encodes plain text")
     return {"top1_agreement": round(agree / total, 4), "perplexity": round(float(np.exp(nll_cand / n)), 3),
             "perplexity_fp32": round(float(np.exp(nll_ref / n)), 3)}
 
