@@ -312,6 +312,7 @@ def test_int4_block_and_fusion_are_chosen_from_the_command_line(tiny_bundle, tmp
                                        "--no-fuse", "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert "int4 in blocks of 16" in result.output
+    assert "peak resident memory" in result.output and "reached while" in result.output  # and its step
     m = manifest_io.read(out)
     draft = onnx.load(str(out / m.graph("draft").file), load_external_data=False)
     ops = [n.op_type for n in draft.graph.node]

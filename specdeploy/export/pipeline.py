@@ -90,11 +90,20 @@ def export(config: ExportConfig, echo: Callable[[str], None] = print, calibratio
 
     `calibration` is a `calibration.steps.CalibrationConfig` (defaults when None).
     """
+    from ..runtime.memory_log import mark, recording
+
+    with recording() as memory:
+        output = _export(config, echo, calibration, mark)
+    echo(memory.summary())
+    return output
+
+
+def _export(config: ExportConfig, echo, calibration, mark) -> Path:
+    """The steps of `export`, each marked in its memory log."""
     from ..bundle.install import check_output, install, staging_dir
     from .arch import check_context, load
-    from .memory_log import MemoryLog
 
-    config, memory = resolve_source(config), MemoryLog()
+    config = resolve_source(config)
     output = check_output(config.output)  # bad inputs fail before the (slow) model load
     if config.prompts_file:
         from ..prompts import load_calibration_prompts
@@ -106,7 +115,7 @@ def export(config: ExportConfig, echo: Callable[[str], None] = print, calibratio
         check_context(model.config, config.max_context)
         echo(f"loaded {config.source.name}: {model.config.model_type}, {model.config.num_hidden_layers} layers")
         config = with_precision(config, echo)
-    memory.mark("loading the model")
+    mark("loading the model")
     with staging_dir(output, ".export-") as staging:
         if config.needs_calibration:
             from ..calibration.steps import CalibrationConfig
@@ -116,15 +125,14 @@ def export(config: ExportConfig, echo: Callable[[str], None] = print, calibratio
         else:
             from .writer import write_bundle
 
-            write_bundle(model, tokenizer, config, staging, echo=echo, mark=memory.mark)
+            write_bundle(model, tokenizer, config, staging, echo=echo)
         final = _quantized(staging, config, echo, calibration) if config.quantized else staging
-        memory.mark("quantizing" if config.quantized else "writing the bundle")
+        mark("quantizing" if config.quantized else "writing the bundle")
         if config.backend == "tensorrt":
             from ..backends.tensorrt.build import build_engines
 
             build_engines(final, echo=echo)
         install(final, output)
-    echo(memory.summary())
     return output
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..bundle import io_names
 from ..bundle.manifest import GraphInfo, Manifest
+from ..runtime.memory_log import mark
 from ..runtime.seal import seal
 
 
@@ -97,11 +98,10 @@ def _with_draft_head(manifest: Manifest, draft: DraftHead | None, staging: Path)
 
 
 def write_bundle(model, tokenizer, config, staging: Path, draft: DraftHead | None = None,
-                 calibration: dict | None = None, echo=lambda line: None, mark=lambda step: None) -> Manifest:
+                 calibration: dict | None = None, echo=lambda line: None) -> Manifest:
     """Export every graph of `config`'s split into the empty directory `staging` and validate it.
 
-    `config` is an ExportConfig whose exit layer and draft length are decided (not "auto"); `mark(step)`
-    is called after each step (export/memory_log.py).
+    `config` is an ExportConfig whose exit layer and draft length are decided (not "auto").
     """
     from .validate import validate_bundle
 

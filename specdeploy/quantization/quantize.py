@@ -29,6 +29,7 @@ from ..bundle import io_names
 from ..bundle import manifest as manifest_io
 from ..errors import ConfigError, RowDependenceError, require
 from ..optimize import gqa_probe
+from ..runtime.memory_log import mark, recording
 from ..optimize.attention import fused_count
 from . import feeds as feeds_io
 from .compute import (FORMS as COMPUTE_FORMS, INT4_BLOCKS, ComputeOptions, quantize_embedding, quantize_graph,
@@ -115,6 +116,7 @@ def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str,
         kept = (f"; {sum(map(len, channels.values()))} activation outlier channels of {len(channels)} matmul "
                 f"inputs in float" if channels else "")
         echo(f"{name}: {plan[name]}{blocks}{_carried(carried[name], folded[name])}{kept}")
+        mark(f"quantizing the {name} graph")
     draft, head = plan[io_names.DRAFT], plan[io_names.HEAD]
     bits = draft in COMPUTE_FORMS and head == draft and quantize_embedding(
         tmp / manifest.graph(io_names.DRAFT).file, tmp / manifest.graph(io_names.HEAD).file, draft,
@@ -158,6 +160,7 @@ def quantize_bundle(bundle: Path, options: QuantizeOptions, texts: list[str] | N
         raise ConfigError(f"{bundle} is already {manifest.precision}; quantize an fp32 bundle")
     plan = options.plan(manifest)
     calibration = feeds_io.calibrate(bundle, manifest, plan, options.method, compute, texts or options.texts())
+    mark("finding activation outliers")
     indexes = _gguf_indexes(manifest, plan, options.method)
     unfused = gqa_probe.unfused_reason(manifest, plan, COMPUTE_FORMS, compute, options.tensorrt)
     with tempfile.TemporaryDirectory(dir=bundle.parent, prefix=".quantize-") as tmp:
@@ -169,6 +172,7 @@ def quantize_bundle(bundle: Path, options: QuantizeOptions, texts: list[str] | N
         out = tmp / "bundle"
         out.mkdir()
         weights.share(files, out, manifest.weights)
+        mark("writing the shared weights file")
         for name in [*(g.file for g in manifest.graphs.values()), manifest.weights]:
             shutil.move(str(out / name), str(bundle / name))
     graphs = {n: dataclasses.replace(g, precision=plan[n]) for n, g in manifest.graphs.items()}
@@ -177,6 +181,7 @@ def quantize_bundle(bundle: Path, options: QuantizeOptions, texts: list[str] | N
     extra = _extra(manifest.extra, counts, bundle, graphs, plan, compute)
     seal(bundle, manifest.replace(graphs=graphs, precision=options.label(plan), extra=extra,
                                   kv_spare_rows=int(unfused is None)), echo)
+    mark("checking row independence")
     return bundle
 
 
@@ -268,6 +273,7 @@ def quantized_copy(source: Path, target: Path, options: QuantizeOptions,
         result = quality.report(source, target, prompts.PASSAGES[:4], held_out)
         quantized = manifest_io.write(target, manifest_io.read(target).replace(quality=result))
         echo(format_quality(quantized.precision, result))
+        mark("measuring the quality report")
     return target
 
 
@@ -280,10 +286,11 @@ def quantize(source: Path, output: Path, options: QuantizeOptions, echo: Callabl
 
     source = Path(source).resolve()
     manifest_io.read_verified(source)  # a damaged byte is named, not sealed into the copy
-    with staging_dir(output, ".quantize-") as staging:
+    with recording() as memory, staging_dir(output, ".quantize-") as staging:
         target = staging.with_name("quantized")
         quantized_copy(source, target, options, echo)
         install(target, output)
+    echo(memory.summary())
     return Path(output).resolve()
 
 

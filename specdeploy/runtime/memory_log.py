@@ -1,11 +1,16 @@
-"""Where an export's memory goes: resident memory after each step and the step that set the peak.
+"""Where an export's or a quantization's memory goes: resident memory after each step, and the step
+that set the peak.
 
-Exporting holds the model in PyTorch, its traced graphs and the runtime's sessions in turn; which of
-them sets the peak decides how large a model a machine can export. Logged per step with -v; the
-export summary names the peak and its step.
+Exporting holds the model in PyTorch, its traced graphs and the runtime's sessions in turn;
+quantizing holds graphs, calibration feeds and Gram matrices. Which of them sets the peak decides
+how large a model a machine can take. Steps call `mark(step)` (a no-op unless a command is
+`recording()`, as logging is a no-op without a handler); logged per step with -v, and the command's
+summary names the peak and its step.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import resource
 import sys
@@ -40,3 +45,28 @@ class MemoryLog:
         peak = self.marks[-1][2]
         step = next(step for step, _, seen in self.marks if seen >= peak)
         return f"peak resident memory {peak:,.0f} MB, reached while {step}"
+
+
+_current: contextvars.ContextVar[MemoryLog | None] = contextvars.ContextVar("memory_log", default=None)
+
+
+def mark(step: str) -> None:
+    """Mark the end of `step` in the command's memory log, if one is recording."""
+    log = _current.get()
+    if log is not None:
+        log.mark(step)
+
+
+@contextlib.contextmanager
+def recording():
+    """A memory log for the block; nested (quantizing inside an export), the outer one."""
+    log = _current.get()
+    if log is not None:
+        yield log
+        return
+    log = MemoryLog()
+    token = _current.set(log)
+    try:
+        yield log
+    finally:
+        _current.reset(token)

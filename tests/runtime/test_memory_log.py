@@ -1,7 +1,7 @@
 """The export's memory log: resident memory per step, the peak credited to the step that reached it."""
 import logging
 
-from specdeploy.export import memory_log
+from specdeploy.runtime import memory_log
 
 
 def test_the_peak_is_credited_to_the_first_step_after_which_it_was_seen(monkeypatch):
@@ -20,3 +20,15 @@ def test_each_step_is_logged_and_the_readings_are_this_process(caplog):
     resident, peak = log.marks[0][1:]
     assert 0 < resident <= peak and "memory after a step:" in caplog.text
     assert memory_log.MemoryLog().summary() == "peak resident memory not measured"
+
+
+def test_steps_mark_the_log_a_command_records_and_nothing_otherwise():
+    memory_log.mark("outside any command")  # a no-op
+    with memory_log.recording() as outer:
+        memory_log.mark("loading")
+        with memory_log.recording() as inner:  # quantizing inside an export: one log
+            memory_log.mark("quantizing")
+        assert inner is outer
+    assert [step for step, _, _ in outer.marks] == ["loading", "quantizing"]
+    with memory_log.recording() as fresh:
+        assert fresh is not outer and fresh.marks == []
