@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .constants import DEFAULT_PREFILL_CHUNK, MAX_DRAFT_TOKENS, MAX_NGRAM, SOURCES
+from .constants import DEFAULT_PREFILL_CHUNK, MAX_DRAFT_TOKENS, MAX_NGRAM, PRECISIONS, QUANT_METHODS, SOURCES
 from .errors import ConfigError
 
 
@@ -28,6 +28,18 @@ def check_prefill_chunk(rows: int) -> int:
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
         raise ConfigError(f"prefill_chunk={rows!r} must be a whole number of rows >= 1 (default {DEFAULT_PREFILL_CHUNK})")
     return rows
+
+
+def check_precision(precision: str) -> str:
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision '{precision}' is unknown; pick one of {', '.join(PRECISIONS)}")
+    return precision
+
+
+def check_method(method: str) -> str:
+    if method not in QUANT_METHODS:
+        raise ConfigError(f"method '{method}' is unknown; pick one of {', '.join(QUANT_METHODS)}")
+    return method
 
 
 def check_source(source: str) -> str:

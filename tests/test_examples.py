@@ -1,8 +1,9 @@
 """The programs in examples/ run as a user would run them."""
-import pytest
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 pytestmark = pytest.mark.integration  # servers, a browser, real models or every family: not the fast tier
 

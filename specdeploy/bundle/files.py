@@ -2,7 +2,7 @@
 
 Bundles travel by scp, containers and SD cards. The manifest records every file it names; loading
 checks their sizes (a stat each: a truncated copy is caught before any graph is parsed), and
-`inspect --verify`, quantize, calibrate and build-engines also check their hashes (one read of every
+`inspect --verify`, quantize and build-engines also check their hashes (one read of every
 byte: a flipped bit in the weights is caught before it is served, or sealed into a derived bundle).
 """
 from __future__ import annotations

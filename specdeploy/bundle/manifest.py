@@ -9,9 +9,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import check_ngram
 from ..constants import DEFAULT_LOOKUP_NGRAM, DEFAULT_OPSET
-from ..errors import BundleError, ConfigError
+from ..errors import BundleError
 from . import files
 from .files import FileRecord
 
@@ -121,10 +120,6 @@ def from_dict(d: dict) -> Manifest:
     if "files" not in d:
         schema.fail("files", "is missing")
     manifest = schema.build(Manifest, d)
-    try:
-        object.__setattr__(manifest, "lookup_ngram", check_ngram(manifest.lookup_ngram))
-    except ConfigError as exc:
-        raise BundleError(f"manifest.json: {exc}; fix it there or re-export the bundle") from None
     schema.check(manifest)
     return manifest
 

@@ -10,8 +10,8 @@ import dataclasses
 import types
 import typing
 
-from ..constants import MAX_DRAFT_TOKENS, PRECISIONS, SOURCES
-from ..errors import BundleError
+from ..config import check_ngram, check_num_draft_tokens, check_precision, check_source
+from ..errors import BundleError, ConfigError
 from . import io_names
 
 _FIX = "fix it there or re-export the bundle"
@@ -19,6 +19,14 @@ _FIX = "fix it there or re-export the bundle"
 
 def fail(path: str, problem: str):
     raise BundleError(f"manifest.json: field '{path}' {problem}; {_FIX}")
+
+
+def _agrees(path: str, check, value):
+    """`check(value)` (config.py's own rule for the same setting), its error naming the field."""
+    try:
+        return check(value)
+    except ConfigError as exc:
+        fail(path, f"is wrong: {exc}")
 
 
 def _kind(hint) -> str:
@@ -128,18 +136,16 @@ def check(manifest) -> None:
             fail(f"model.{name}", f"must be >= 1, not {getattr(model, name)}")
     if not 1 <= manifest.exit_layer < model.num_layers:
         fail("exit_layer", f"must be in 1..{model.num_layers - 1}, not {manifest.exit_layer}")
-    if not 1 <= manifest.num_draft_tokens <= MAX_DRAFT_TOKENS:
-        fail("num_draft_tokens", f"must be in 1..{MAX_DRAFT_TOKENS}, not {manifest.num_draft_tokens}")
+    _agrees("num_draft_tokens", check_num_draft_tokens, manifest.num_draft_tokens)
+    _agrees("draft_source", check_source, manifest.draft_source)
+    _agrees("lookup_ngram", check_ngram, manifest.lookup_ngram)
     if manifest.max_context < 1:
         fail("max_context", f"must be >= 1, not {manifest.max_context}")
-    if manifest.draft_source not in SOURCES:
-        fail("draft_source", f"must be one of {', '.join(SOURCES)}, not {manifest.draft_source!r}")
     for name in (io_names.DRAFT, io_names.VERIFY, io_names.HEAD):
         if name not in manifest.graphs:
             fail(f"graphs.{name}", "is missing")
     for name, graph in manifest.graphs.items():
-        if graph.precision not in PRECISIONS:
-            fail(f"graphs.{name}.precision", f"must be one of {', '.join(PRECISIONS)}, not {graph.precision!r}")
+        _agrees(f"graphs.{name}.precision", check_precision, graph.precision)
     expected = {io_names.DRAFT: (0, manifest.exit_layer), io_names.VERIFY: (manifest.exit_layer, model.num_layers)}
     for name, layers in expected.items():
         if manifest.graphs[name].kv_layers != layers:

@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..config import check_ngram, check_num_draft_tokens, check_source
+from ..config import check_method, check_ngram, check_num_draft_tokens, check_precision, check_source
 from ..constants import (BACKENDS, DEFAULT_BACKEND, DEFAULT_BUNDLE, DEFAULT_DRAFT_SOURCE, DEFAULT_LOOKUP_NGRAM,
                          DEFAULT_MAX_CONTEXT, DEFAULT_NUM_DRAFT_TOKENS, DEFAULT_OPSET, MAX_CONTEXT_RANGE,
-                         DEFAULT_QUANT_METHOD, OPSETS, PRECISIONS, QUANT_METHODS)
+                         DEFAULT_QUANT_METHOD, OPSETS)
 from ..errors import ConfigError
+from ..runtime.memory_log import mark, recording
 
 
 @dataclass(frozen=True)
@@ -56,10 +57,9 @@ class ExportConfig:
         check_source(self.draft_source)
         object.__setattr__(self, "lookup_ngram", check_ngram(self.lookup_ngram))
         for p in (self.precision, self.draft_precision, self.verify_precision):
-            if p is not None and p not in PRECISIONS:
-                raise ConfigError(f"precision='{p}' is unknown; pick one of {', '.join(PRECISIONS)}")
-        if self.method not in QUANT_METHODS:
-            raise ConfigError(f"method='{self.method}' is unknown; pick one of {', '.join(QUANT_METHODS)}")
+            if p is not None:
+                check_precision(p)
+        check_method(self.method)
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend='{self.backend}' is unknown; pick one of {', '.join(BACKENDS)}")
 
@@ -90,15 +90,13 @@ def export(config: ExportConfig, echo: Callable[[str], None] = print, calibratio
 
     `calibration` is a `calibration.steps.CalibrationConfig` (defaults when None).
     """
-    from ..runtime.memory_log import mark, recording
-
     with recording() as memory:
-        output = _export(config, echo, calibration, mark)
+        output = _export(config, echo, calibration)
     echo(memory.summary())
     return output
 
 
-def _export(config: ExportConfig, echo, calibration, mark) -> Path:
+def _export(config: ExportConfig, echo, calibration) -> Path:
     """The steps of `export`, each marked in its memory log."""
     from ..bundle.install import check_output, install, staging_dir
     from .arch import check_context, load

@@ -5,8 +5,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..bundle import io_names
-from ..constants import DEFAULT_QUANT_METHOD, PRECISIONS, QUANT_METHODS
-from ..errors import ConfigError
+from ..config import check_method, check_precision
+from ..constants import DEFAULT_QUANT_METHOD
 from .compute import ComputeOptions
 
 
@@ -29,10 +29,9 @@ class QuantizeOptions:
 
     def __post_init__(self):
         for p in (self.precision, self.draft_precision, self.verify_precision):
-            if p is not None and p not in PRECISIONS:
-                raise ConfigError(f"precision '{p}' is unknown; pick one of {', '.join(PRECISIONS)}")
-        if self.method not in QUANT_METHODS:
-            raise ConfigError(f"method '{self.method}' is unknown; pick one of {', '.join(QUANT_METHODS)}")
+            if p is not None:
+                check_precision(p)
+        check_method(self.method)
 
     def plan(self, manifest) -> dict[str, str]:
         """Precision per graph of `manifest`."""

@@ -160,7 +160,7 @@ def quantize_bundle(bundle: Path, options: QuantizeOptions, texts: list[str] | N
         raise ConfigError(f"{bundle} is already {manifest.precision}; quantize an fp32 bundle")
     plan = options.plan(manifest)
     calibration = feeds_io.calibrate(bundle, manifest, plan, options.method, compute, texts or options.texts())
-    mark("finding activation outliers")
+    mark("calibrating (activation outliers where int8 keeps them)")
     indexes = _gguf_indexes(manifest, plan, options.method)
     unfused = gqa_probe.unfused_reason(manifest, plan, COMPUTE_FORMS, compute, options.tensorrt)
     with tempfile.TemporaryDirectory(dir=bundle.parent, prefix=".quantize-") as tmp:

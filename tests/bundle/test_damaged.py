@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from specdeploy.bundle import files as files_io
 from specdeploy.bundle import manifest as manifest_io
 from specdeploy.cli import main
+from specdeploy.errors import BundleError
 
 
 def _edit_manifest(change):
@@ -170,7 +171,7 @@ def test_sealing_records_what_is_on_disk_now(tiny_bundle, tmp_path):
     shutil.copytree(tiny_bundle, bundle)
     manifest = manifest_io.read(bundle)
     (bundle / "chat_template.jinja").write_text("{{ messages }}")
-    with pytest.raises(Exception, match="chat_template.jinja is"):
+    with pytest.raises(BundleError, match="chat_template.jinja is"):
         manifest_io.read(bundle)
     sealed = manifest_io.write(bundle, manifest)
     assert manifest_io.read(bundle) == sealed
