@@ -1,8 +1,10 @@
 """torch.onnx (dynamo, opset 24) export of the split modules, with names and axes from io_names."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -27,21 +29,58 @@ def _decoder_args(first, seq: int, write: int, kv):
     return (first, positions, torch.tensor([write]), torch.ones(1, write + seq, dtype=torch.int64), kv)
 
 
-def _export(module, args, names, path: Path, dynamic_shapes, opset: int = OPSET) -> None:
+@dataclass(frozen=True)
+class Traced:
+    """A traced graph's module, and the initializers {name: (dims, dtype)} left for the caller to
+    write (a skeleton's: streamed.py; none for a loaded model, whose weights are saved with it)."""
+
+    module: object
+    initializers: dict
+
+
+def _export(module, args, names, path: Path, dynamic_shapes, opset: int = OPSET) -> Traced:
+    """Trace `module` into `path`; a skeleton's graph (parameters on the meta device: streamed.py) is
+    traced over zero-byte stand-ins and saved without initializers."""
     from . import split
 
     inputs, outputs = names
     split.EXPORT_OPSET["value"] = opset
+    skeleton = any(p.is_meta for p in module.parameters())
     # torch's exporter logs once per export that torchvision, which a decoder never uses, is absent
     # (torch re-initialises its loggers on import, so this is set here, not in the CLI)
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _stand_ins(module) if skeleton else contextlib.nullcontext():
         warnings.simplefilter("ignore")
-        torch.onnx.export(
-            module.eval(), args, str(path), dynamo=True, opset_version=opset,
+        program = torch.onnx.export(
+            module.eval(), args, None if skeleton else str(path), dynamo=True, opset_version=opset,
             input_names=inputs, output_names=outputs, dynamic_shapes=dynamic_shapes,
             external_data=True, optimize=False, verbose=False,
         )
+    if not skeleton:
+        return Traced(module, {})
+    specs = {v.name: (tuple(v.shape), v.dtype.numpy()) for v in program.model.graph.initializers.values()}
+    program.save(str(path), include_initializers=False)
+    return Traced(module, specs)
+
+
+@contextlib.contextmanager
+def _stand_ins(module):
+    """Each meta parameter as a CPU tensor of its shape over one broadcast element: the trace is the
+    one a loaded model gives (same device, same ops), and no weight's bytes exist."""
+    stand_in, swapped = {}, []
+    for owner in module.modules():
+        for name, param in list(owner._parameters.items()):
+            if param is not None and param.is_meta:
+                if id(param) not in stand_in:
+                    zero = torch.zeros((), dtype=param.dtype).expand(param.shape)
+                    stand_in[id(param)] = torch.nn.Parameter(zero, requires_grad=False)
+                owner._parameters[name] = stand_in[id(param)]
+                swapped.append((owner, name, param))
+    try:
+        yield
+    finally:
+        for owner, name, param in swapped:
+            owner._parameters[name] = param
 
 
 def _decoder_shapes(first_name: str, kv_count: int) -> dict:
@@ -53,25 +92,25 @@ def _decoder_shapes(first_name: str, kv_count: int) -> dict:
     }
 
 
-def export_draft(model, exit_layer: int, max_context: int, path: Path, opset: int = OPSET) -> None:
+def export_draft(model, exit_layer: int, max_context: int, path: Path, opset: int = OPSET) -> Traced:
     layers = range(0, exit_layer)
     kv = sample_kv(model, layers, max_context)
     args = _decoder_args(torch.tensor([[1, 2, 3]]), 3, 2, kv)
     names = io_names.decoder_io(io_names.INPUT_IDS, layers)
-    _export(DraftModule(model, exit_layer), args, names, path, _decoder_shapes("input_ids", len(kv)), opset)
+    return _export(DraftModule(model, exit_layer), args, names, path, _decoder_shapes("input_ids", len(kv)), opset)
 
 
-def export_verify(model, exit_layer: int, max_context: int, path: Path, opset: int = OPSET) -> None:
+def export_verify(model, exit_layer: int, max_context: int, path: Path, opset: int = OPSET) -> Traced:
     layers = range(exit_layer, model.config.num_hidden_layers)
     kv = sample_kv(model, layers, max_context)
     hidden = torch.randn(1, 3, model.config.hidden_size)
     args = _decoder_args(hidden, 3, 2, kv)
     names = io_names.decoder_io(io_names.HIDDEN_IN, layers)
-    _export(VerifyModule(model, exit_layer), args, names, path, _decoder_shapes("hidden_in", len(kv)), opset)
+    return _export(VerifyModule(model, exit_layer), args, names, path, _decoder_shapes("hidden_in", len(kv)), opset)
 
 
-def export_head(model, path: Path, adapter=None, vocab_ids=None, opset: int = OPSET) -> None:
+def export_head(model, path: Path, adapter=None, vocab_ids=None, opset: int = OPSET) -> Traced:
     hidden = torch.randn(1, 2, model.config.hidden_size)
     shapes = {"hidden_in": {1: torch.export.Dim(io_names.SEQ, min=1, max=4096)}}
     module = HeadModule(model, adapter=adapter, vocab_ids=vocab_ids)
-    _export(module, (hidden,), io_names.head_io(), path, shapes, opset)
+    return _export(module, (hidden,), io_names.head_io(), path, shapes, opset)

@@ -99,7 +99,7 @@ def export(config: ExportConfig, echo: Callable[[str], None] = print, calibratio
 def _export(config: ExportConfig, echo, calibration) -> Path:
     """The steps of `export`, each marked in its memory log."""
     from ..bundle.install import check_output, install, staging_dir
-    from .arch import check_context, load
+    from .arch import check_context
 
     config = resolve_source(config)
     output = check_output(config.output)  # bad inputs fail before the (slow) model load
@@ -108,10 +108,11 @@ def _export(config: ExportConfig, echo, calibration) -> Path:
 
         load_calibration_prompts(config.prompts_file)
     with _one_parse(config.source):
-        model, tokenizer = load(config.source)
+        model, tokenizer, streamed = _load(config)
         config.check_layers(model.config.num_hidden_layers)
         check_context(model.config, config.max_context)
-        echo(f"loaded {config.source.name}: {model.config.model_type}, {model.config.num_hidden_layers} layers")
+        how = "its weights read a tensor at a time" if streamed else "in fp32"
+        echo(f"loaded {config.source.name}: {model.config.model_type}, {model.config.num_hidden_layers} layers, {how}")
         config = with_precision(config, echo)
     mark("loading the model")
     with staging_dir(output, ".export-") as staging:
@@ -123,7 +124,8 @@ def _export(config: ExportConfig, echo, calibration) -> Path:
         else:
             from .writer import write_bundle
 
-            write_bundle(model, tokenizer, config, staging, echo=echo)
+            write_bundle(model, tokenizer, config, staging, echo=echo, streamed=streamed)
+        del model, streamed  # quantizing reads the graphs, never the model
         final = _quantized(staging, config, echo, calibration) if config.quantized else staging
         mark("quantizing" if config.quantized else "writing the bundle")
         if config.backend == "tensorrt":
@@ -132,6 +134,18 @@ def _export(config: ExportConfig, echo, calibration) -> Path:
             build_engines(final, echo=echo)
         install(final, output)
     return output
+
+
+def _load(config: ExportConfig):
+    """(model, tokenizer, streamed): a skeleton whose weights are read a tensor at a time
+    (streamed.py) unless calibration runs the model, or the source is not a GGUF or safetensors."""
+    from .streamed import load_skeleton, streamable
+
+    if not config.needs_calibration and streamable(config.source):
+        return load_skeleton(config.source)
+    from .arch import load
+
+    return (*load(config.source), None)
 
 
 def _quantized(fp32: Path, config: ExportConfig, echo, calibration=None) -> Path:

@@ -6,6 +6,7 @@ wrappers run eagerly as the PyTorch reference and export to ONNX unchanged.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 
@@ -80,7 +81,7 @@ def fuse_rms_norms(model) -> int:
                 or weight.dim() != 1 or not isinstance(eps, float) or getattr(module, "bias", None) is not None:
             continue
         probe = torch.randn(2, 3, weight.shape[0], generator=torch.Generator().manual_seed(0))
-        with torch.no_grad():
+        with torch.no_grad(), _probe_weight(module, weight):
             try:
                 expected = module(probe)
             except Exception:  # not a norm over the last axis
@@ -94,14 +95,28 @@ def fuse_rms_norms(model) -> int:
     return count
 
 
+@contextlib.contextmanager
+def _probe_weight(module, weight):
+    """A skeleton's norm (its weight on the meta device: export/streamed.py) is probed with a random
+    stand-in weight, which tells `weight` from `1 + weight` as well as the real one does."""
+    if not weight.is_meta:
+        yield
+        return
+    module.weight = torch.nn.Parameter(torch.rand(weight.shape, generator=torch.Generator().manual_seed(1)) + 0.5)
+    try:
+        yield
+    finally:
+        module.weight = weight
+
+
 EXPORT_OPSET = {"value": DEFAULT_OPSET}  # set by the exporter: 24 (TensorScatter) or 23 (ScatterND)
 
 
 def _scatter_nd_indices(buffer, rows: int, write_index):
     """[1, Hkv, S, 3] (batch, head, row) indices of the rows a call writes (batch 1)."""
     heads = buffer.shape[1]
-    h = torch.arange(heads).view(1, heads, 1, 1).expand(1, heads, rows, 1)
-    s = (write_index.view(1, 1, 1, 1) + torch.arange(rows).view(1, 1, rows, 1)).expand(1, heads, rows, 1)
+    h = torch.arange(heads, device=buffer.device).view(1, heads, 1, 1).expand(1, heads, rows, 1)
+    s = (write_index.view(1, 1, 1, 1) + torch.arange(rows, device=buffer.device).view(1, 1, rows, 1)).expand(1, heads, rows, 1)
     return torch.cat([torch.zeros_like(h), h, s], dim=-1)
 
 
@@ -123,7 +138,7 @@ def _write_rows(buffer: torch.Tensor, update: torch.Tensor, write_index: torch.T
         return torch.onnx.ops.symbolic("ScatterND", [buffer, indices, update], {},
                                        dtype=buffer.dtype, shape=buffer.shape, version=18)
     rows = update.shape[2]
-    index = (write_index.view(-1, 1) + torch.arange(rows)).view(buffer.shape[0], 1, rows, 1)
+    index = (write_index.view(-1, 1) + torch.arange(rows, device=buffer.device)).view(buffer.shape[0], 1, rows, 1)
     return buffer.scatter(2, index.expand(-1, buffer.shape[1], -1, buffer.shape[3]), update)
 
 
@@ -149,8 +164,8 @@ def causal_mask(write_index, seq: int, attention_mask, window: int | None = None
     is applied per row, so it holds inside a verify pass that crosses the window's edge.
     """
     total = attention_mask.shape[1]
-    keys = torch.arange(total).view(1, 1, 1, -1)
-    queries = write_index.view(-1, 1, 1, 1) + torch.arange(seq).view(1, 1, -1, 1)
+    keys = torch.arange(total, device=attention_mask.device).view(1, 1, 1, -1)
+    queries = write_index.view(-1, 1, 1, 1) + torch.arange(seq, device=attention_mask.device).view(1, 1, -1, 1)
     visible = (keys <= queries) & attention_mask.bool()[:, None, None, :]
     if window is not None:
         visible = visible & (queries - keys < window)

@@ -66,14 +66,19 @@ def validation_prompt_len(model, manifest) -> int:
     return max(7, min((window or 0) + 7, manifest.max_context - 8))
 
 
-def validate_bundle(model, bundle, manifest, adapter=None, vocab_ids=None) -> dict[str, float]:
-    """The bundle's graphs in ONNX Runtime against the PyTorch reference over one schedule."""
+def validate_bundle(model, bundle, manifest, adapter=None, vocab_ids=None, streamed=None) -> dict[str, float]:
+    """The bundle's graphs in ONNX Runtime against the PyTorch reference over one schedule (with
+    `streamed`, a skeleton whose layers load their weights as they run: export/streamed.py)."""
+    import contextlib
+
     from ..backends import load_stages
     from .reference import reference_stages
 
     exported = SplitModel(manifest, load_stages(bundle, manifest))
-    reference = SplitModel(manifest, reference_stages(model, manifest, adapter, vocab_ids))
     try:
-        return compare(exported, reference, manifest.precision, prompt_len=validation_prompt_len(model, manifest))
+        with streamed.materialized() if streamed else contextlib.nullcontext(model) as runnable:
+            reference = SplitModel(manifest, reference_stages(runnable, manifest, adapter, vocab_ids))
+            return compare(exported, reference, manifest.precision,
+                           prompt_len=validation_prompt_len(runnable, manifest))
     finally:
         exported.close()

@@ -27,21 +27,30 @@ def decoder_graphs(k: int, num_layers: int) -> dict[str, GraphInfo]:
     return graphs
 
 
-def write_graphs(model, manifest: Manifest, out: Path, adapter=None, vocab_ids=None) -> dict:
-    """Export every graph of `manifest` into `out` with one shared weights file."""
+def write_graphs(model, manifest: Manifest, out: Path, adapter=None, vocab_ids=None, streamed=None) -> dict:
+    """Export every graph of `manifest` into `out` with one shared weights file; `streamed` (a
+    streamed.StreamedWeights) when `model` is a skeleton whose weights are read a tensor at a time."""
     from ..bundle import weights
     from . import onnx_export
 
     raw = out / "raw"
     raw.mkdir()
     k, ctx, opset = manifest.exit_layer, manifest.max_context, manifest.opset
-    onnx_export.export_draft(model, k, ctx, raw / "draft.onnx", opset)
-    onnx_export.export_verify(model, k, ctx, raw / "verify.onnx", opset)
-    onnx_export.export_head(model, raw / "head.onnx", opset=opset)
+    traced = {io_names.DRAFT: onnx_export.export_draft(model, k, ctx, raw / "draft.onnx", opset),
+              io_names.VERIFY: onnx_export.export_verify(model, k, ctx, raw / "verify.onnx", opset),
+              io_names.HEAD: onnx_export.export_head(model, raw / "head.onnx", opset=opset)}
     if io_names.DRAFT_HEAD in manifest.graphs:
-        onnx_export.export_head(model, raw / "draft_head.onnx", adapter, vocab_ids, opset)
+        traced[io_names.DRAFT_HEAD] = onnx_export.export_head(model, raw / "draft_head.onnx", adapter, vocab_ids,
+                                                              opset)
     files = {name: raw / f"{name}.onnx" for name in manifest.graphs}
-    sizes = weights.share(files, out, manifest.weights)
+    if streamed is None:
+        sizes = weights.share(files, out, manifest.weights)
+    else:
+        from .streamed import write_weights
+
+        graphs = {name: (files[name], traced[name].initializers) for name in manifest.graphs}
+        values = {name: streamed.initializers(traced[name].module) for name in manifest.graphs}
+        sizes = write_weights(graphs, values, out, manifest.weights)
     shutil.rmtree(raw)
     return sizes
 
@@ -98,10 +107,11 @@ def _with_draft_head(manifest: Manifest, draft: DraftHead | None, staging: Path)
 
 
 def write_bundle(model, tokenizer, config, staging: Path, draft: DraftHead | None = None,
-                 calibration: dict | None = None, echo=lambda line: None) -> Manifest:
+                 calibration: dict | None = None, echo=lambda line: None, streamed=None) -> Manifest:
     """Export every graph of `config`'s split into the empty directory `staging` and validate it.
 
-    `config` is an ExportConfig whose exit layer and draft length are decided (not "auto").
+    `config` is an ExportConfig whose exit layer and draft length are decided (not "auto");
+    `streamed`: `model` is a skeleton whose weights it reads (export/streamed.py).
     """
     from .validate import validate_bundle
 
@@ -109,14 +119,14 @@ def write_bundle(model, tokenizer, config, staging: Path, draft: DraftHead | Non
     echo(f"exporting draft, verify and head graphs: exit layer {config.exit_layer} of {manifest.model.num_layers}")
     manifest = _with_draft_head(manifest, draft, staging)
     adapter, vocab_ids = (draft.adapter, draft.vocab_ids) if draft else (None, None)
-    sizes = write_graphs(model, manifest, staging, adapter, vocab_ids)
+    sizes = write_graphs(model, manifest, staging, adapter, vocab_ids, streamed)
     mark("tracing the graphs and writing the weights")
     tok, template = save_tokenizer(tokenizer, staging)
     extra = {"weights_bytes": sizes["written"], "weights_bytes_before_dedup": sizes["referenced"],
              "source": str(Path(config.source).resolve())}
     manifest = manifest.replace(tokenizer=tok, chat_template=template, extra=extra, calibration=calibration)
     if config.validate:
-        diffs = validate_bundle(model, staging, manifest, adapter, vocab_ids)
+        diffs = validate_bundle(model, staging, manifest, adapter, vocab_ids, streamed)
         extra["validation_max_abs_diff"] = diffs
         echo(f"validated against the PyTorch reference: max |logit difference| {max(diffs.values()):.2g}")
         mark("validating against the PyTorch reference")
