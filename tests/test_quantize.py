@@ -595,11 +595,10 @@ def test_gguf_q6_k_values_are_carried_as_int8_blocks_of_16():
     np.testing.assert_array_equal(blocks.dequantize(), weight)
 
 
-def test_the_quality_report_skips_text_its_tokenizer_drops_and_says_when_none_is_left():
-    from types import SimpleNamespace
-
+def test_the_quality_report_skips_text_its_tokenizer_drops_and_says_when_none_is_left(tiny_bundle):
     from specdeploy.quantization import quality
 
-    engine = SimpleNamespace(encode_prompt=lambda text: [], manifest=SimpleNamespace(max_context=64))
     with pytest.raises(ConfigError, match="fewer than two tokens"):
-        quality.compare_text(engine, engine, ["a passage", "another"])
+        quality.compare_text(tiny_bundle, tiny_bundle, ["", "."])
+    one = quality.compare_text(tiny_bundle, tiny_bundle, ["", "a passage of plain text"])
+    assert one["top1_agreement"] == 1.0 and one["perplexity"] == one["perplexity_fp32"]

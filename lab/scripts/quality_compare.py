@@ -7,10 +7,10 @@ of them shows how much of a difference between two bundles is the sample.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def main() -> None:
-    from specdeploy import Engine
     from specdeploy.prompts import PASSAGES
     from specdeploy.quantization.quality import compare_text
 
@@ -19,15 +19,13 @@ def main() -> None:
     parser.add_argument("bundles", nargs="+")
     parser.add_argument("--passages", type=int, nargs="+", default=[4, len(PASSAGES)])
     args = parser.parse_args()
-    with Engine(args.reference) as reference:
-        for bundle in args.bundles:
-            with Engine(bundle) as candidate:
-                cells = []
-                for n in args.passages:
-                    q = compare_text(reference, candidate, PASSAGES[:n])
-                    cells.append(f"{n} passages: top-1 {q['top1_agreement']:.1%}, perplexity {q['perplexity']:.2f} "
-                                 f"(reference {q['perplexity_fp32']:.2f})")
-                print(f"{bundle}: " + " | ".join(cells), flush=True)
+    for bundle in args.bundles:
+        cells = []
+        for n in args.passages:
+            q = compare_text(Path(args.reference), Path(bundle), PASSAGES[:n])
+            cells.append(f"{n} passages: top-1 {q['top1_agreement']:.1%}, perplexity {q['perplexity']:.2f} "
+                         f"(reference {q['perplexity_fp32']:.2f})")
+        print(f"{bundle}: " + " | ".join(cells), flush=True)
 
 
 if __name__ == "__main__":

@@ -124,7 +124,7 @@ def _export(config: ExportConfig, echo, calibration) -> Path:
         else:
             from .writer import write_bundle
 
-            write_bundle(model, tokenizer, config, staging, echo=echo, streamed=streamed)
+            write_bundle(model, tokenizer, config, staging, echo=echo, streamed=streamed, sealed=not config.quantized)
         del model, streamed  # quantizing reads the graphs, never the model
         final = _quantized(staging, config, echo, calibration) if config.quantized else staging
         mark("quantizing" if config.quantized else "writing the bundle")

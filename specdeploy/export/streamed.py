@@ -163,7 +163,7 @@ def write_weights(graphs: dict, values: dict, out_dir: Path, weights_file: str) 
     weights file (bundle/weights.py's layout), one tensor in memory at a time; returns byte counts
     as `weights.share` does."""
     import onnx
-    from onnx import external_data_helper, numpy_helper
+    from onnx import numpy_helper
 
     from ..bundle.weights import ALIGNMENT, INLINE_LIMIT
 
@@ -174,19 +174,23 @@ def write_weights(graphs: dict, values: dict, out_dir: Path, weights_file: str) 
             model = onnx.load(str(path))
             for init, (dims, dtype) in specs.items():
                 array = _checked(values[name], init, dims, dtype)
-                tensor = numpy_helper.from_array(array, init)
-                data = tensor.raw_data
-                if len(data) >= INLINE_LIMIT:
-                    referenced += len(data)
-                    digest = hashlib.sha256(data).hexdigest() + str(tensor.data_type)
-                    if digest not in offsets:
-                        blob.write(b"\0" * ((-blob.tell()) % ALIGNMENT))
-                        offsets[digest] = (blob.tell(), len(data))
-                        blob.write(data)
-                        written += len(data)
-                    external_data_helper.set_external_data(tensor, weights_file, *offsets[digest])
-                    tensor.ClearField("raw_data")
-                    tensor.data_location = onnx.TensorProto.EXTERNAL
+                if array.nbytes < INLINE_LIMIT:
+                    model.graph.initializer.append(numpy_helper.from_array(array, init))
+                    continue
+                # hashed and written from the array's own buffer: no copy of a large tensor is made
+                data = memoryview(np.ascontiguousarray(array)).cast("B")
+                tensor = onnx.TensorProto(name=init, dims=array.shape,
+                                          data_type=onnx.helper.np_dtype_to_tensor_dtype(array.dtype))
+                referenced += len(data)
+                digest = hashlib.sha256(data).hexdigest() + str(tensor.data_type)
+                if digest not in offsets:
+                    blob.write(b"\0" * ((-blob.tell()) % ALIGNMENT))
+                    offsets[digest] = (blob.tell(), len(data))
+                    blob.write(data)
+                    written += len(data)
+                tensor.data_location = onnx.TensorProto.EXTERNAL
+                for key, value in zip(("location", "offset", "length"), (weights_file, *offsets[digest])):
+                    tensor.external_data.add(key=key, value=str(value))
                 model.graph.initializer.append(tensor)
                 del array, data
             onnx.save(model, str(out_dir / f"{name}.onnx"))

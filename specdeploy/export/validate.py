@@ -10,29 +10,27 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ValidationError
-from ..runtime.split_model import SplitModel
+from ..runtime.split_model import SplitModel, graph_at_a_time
 
 LOGITS_ATOL = {"fp32": 1e-3, "fp16": 5e-2, "int8": None, "int4": None, "fp8": None}
 
 
 def _schedule(model: SplitModel, prompt: list[int], drafts: list[int]) -> list[tuple[str, np.ndarray]]:
-    out = []
+    """Each graph's calls in the order a decode makes them, one graph after another (the draft
+    graph's, then the verify graph's, then the heads'), each graph's stage closed when done: a large
+    model's fp32 graphs are then never resident together, and each graph sees what it would."""
     p = len(prompt)
-    h = model.draft_pass(prompt, 0).copy()
-    out.append(("prefill.draft_hidden", h))
-    final = model.verify_pass(h, 0)
-    out.append(("prefill.logits", model.logits(final[-1:]).copy()))
-    rows = []
-    for i, token in enumerate(drafts):
-        row = model.draft_pass([token], p + i).copy()
-        rows.append(row[0])
-        out.append((f"draft{i}.logits", model.draft_logits(row).copy()))
-    final = model.verify_pass(np.stack(rows), p)
-    out.append(("verify.logits", model.logits(final).copy()))
+    hidden = model.draft_pass(prompt, 0).copy()
+    rows = [model.draft_pass([token], p + i).copy()[0] for i, token in enumerate(drafts)]
     # rollback: keep one draft, redo the rest with other tokens over the stale rows
     redo = model.draft_pass(drafts[::-1][:2], p + 1).copy()
-    final = model.verify_pass(redo, p + 1)
-    out.append(("rollback.logits", model.logits(final).copy()))
+    model.draft_stage.close()
+    finals = [model.verify_pass(hidden, 0)[-1:].copy(), model.verify_pass(np.stack(rows), p).copy(),
+              model.verify_pass(redo, p + 1).copy()]
+    model.verify_stage.close()
+    out = [("prefill.draft_hidden", hidden), ("prefill.logits", model.logits(finals[0]).copy())]
+    out += [(f"draft{i}.logits", model.draft_logits(row[None]).copy()) for i, row in enumerate(rows)]
+    out += [("verify.logits", model.logits(finals[1]).copy()), ("rollback.logits", model.logits(finals[2]).copy())]
     return out
 
 
@@ -67,14 +65,14 @@ def validation_prompt_len(model, manifest) -> int:
 
 
 def validate_bundle(model, bundle, manifest, adapter=None, vocab_ids=None, streamed=None) -> dict[str, float]:
-    """The bundle's graphs in ONNX Runtime against the PyTorch reference over one schedule (with
-    `streamed`, a skeleton whose layers load their weights as they run: export/streamed.py)."""
+    """The bundle's graphs in ONNX Runtime, one at a time, against the PyTorch reference over one
+    schedule (with `streamed`, a skeleton whose layers load their weights as they run:
+    export/streamed.py)."""
     import contextlib
 
-    from ..backends import load_stages
     from .reference import reference_stages
 
-    exported = SplitModel(manifest, load_stages(bundle, manifest))
+    exported = SplitModel(manifest, graph_at_a_time(bundle, manifest))
     try:
         with streamed.materialized() if streamed else contextlib.nullcontext(model) as runnable:
             reference = SplitModel(manifest, reference_stages(runnable, manifest, adapter, vocab_ids))

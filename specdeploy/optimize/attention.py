@@ -25,7 +25,7 @@ from ..bundle import io_names
 from . import attention_match
 from .attention_match import Layer
 from .fusion import _drop_dead, _topological
-from .graph import MS_DOMAIN, use_ms_domain
+from .graph import MS_DOMAIN, array, use_ms_domain
 
 OP = "GroupQueryAttention"
 
@@ -34,7 +34,7 @@ def _tables(model, names: set, rows: int) -> dict:
     """Each of `names` [1, rows, D/2] for positions 0 .. rows-1, computed by the graph's own nodes;
     {} unless they read `position_ids` alone."""
     import onnxruntime as ort
-    from onnx import TensorProto, helper
+    from onnx import TensorProto, helper, numpy_helper
 
     producer = {o: n for n in model.graph.node for o in n.output}
     inits = {t.name: t for t in model.graph.initializer}
@@ -53,7 +53,8 @@ def _tables(model, names: set, rows: int) -> dict:
             stack.extend(producer[name].input)
     nodes = [n for n in model.graph.node if id(n) in used]
     outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in sorted(names)]
-    graph = helper.make_graph(nodes, "tables", [inputs[io_names.POSITION_IDS]], outputs, [inits[n] for n in needed])
+    values = [numpy_helper.from_array(np.asarray(array(inits[n])), n) for n in needed]  # lazily loaded graphs too
+    graph = helper.make_graph(nodes, "tables", [inputs[io_names.POSITION_IDS]], outputs, values)
     probe = helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version)
     try:
         session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])

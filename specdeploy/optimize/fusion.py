@@ -24,7 +24,7 @@ import collections
 
 import numpy as np
 
-from .graph import MS_DOMAIN, attrs as _attrs, set_nodes, use_ms_domain
+from .graph import MS_DOMAIN, array, attrs as _attrs, deferred, set_nodes, use_ms_domain
 
 PASS_THROUGH = {"Cast", "Cos", "Sin", "Identity"}  # elementwise: equal halves stay equal
 
@@ -33,7 +33,6 @@ class _Graph:
     """Producers, consumers, constants and static shapes of one ONNX graph, by tensor name."""
 
     def __init__(self, model):
-        from onnx import numpy_helper
 
         self.model = model
         self.producer = {o: n for n in model.graph.node for o in n.output}
@@ -41,7 +40,7 @@ class _Graph:
         for node in model.graph.node:
             for name in node.input:
                 self.consumers[name].append(node)
-        self.inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
+        self.inits = {t.name: array(t) for t in model.graph.initializer
                       if np.prod(t.dims) <= 64}
         self.shapes = {v.name: [d.dim_value or None for d in v.type.tensor_type.shape.dim]
                        for v in [*model.graph.input, *model.graph.value_info, *model.graph.output]}
@@ -245,10 +244,12 @@ def fuse_sibling_matmuls(model) -> int:
         if len(siblings) < 2:
             continue
         name = siblings[0].name + ".fused"
-        weights = [numpy_helper.to_array(inits[n.input[1]]) for n in siblings]          # [K, N_i]
+        weights = [inits[n.input[1]] for n in siblings]                                   # [K, N_i]
+        joined = lambda ws=weights: np.concatenate([array(w) for w in ws], axis=1)  # noqa: E731  # [K, sum N_i]
         model.graph.initializer.extend([
-            numpy_helper.from_array(np.concatenate(weights, axis=1), name + ".weight"),
-            numpy_helper.from_array(np.array([w.shape[1] for w in weights], np.int64), name + ".split")])
+            deferred(name + ".weight", [weights[0].dims[0], sum(w.dims[1] for w in weights)],
+                     helper.tensor_dtype_to_np_dtype(weights[0].data_type), joined),
+            numpy_helper.from_array(np.array([w.dims[1] for w in weights], np.int64), name + ".split")])
         matmul = helper.make_node("MatMul", [x, name + ".weight"], [name + ".out"], name=name)
         split = helper.make_node("Split", [name + ".out", name + ".split"], [n.output[0] for n in siblings],
                                  name=name + ".split", axis=-1)
@@ -287,14 +288,13 @@ def fuse_split_biases(model) -> int:
 
 def _bias_add(g: _Graph, inits: dict, name: str):
     """(Add, bias [N]) when `name` is read only by an Add of a constant 1-D float initializer."""
-    from onnx import numpy_helper
 
     readers = g.consumers.get(name, [])
     add = readers[0] if len(readers) == 1 and readers[0].op_type == "Add" else None
     other = add and [i for i in add.input if i != name]
     if not other or len(other) != 1 or other[0] not in inits or len(inits[other[0]].dims) != 1:
         return None
-    bias = numpy_helper.to_array(inits[other[0]])
+    bias = array(inits[other[0]])
     return (add, bias) if bias.dtype == np.float32 else None
 
 

@@ -37,7 +37,7 @@ import numpy as np
 from ..constants import QUANT_METHODS as METHODS
 from ..errors import ConfigError
 from ..optimize import attention, fusion, gqa_probe
-from ..optimize.graph import MS_DOMAIN, attrs as node_attrs, set_nodes, use_ms_domain
+from ..optimize.graph import MS_DOMAIN, array, attrs as node_attrs, lazy_weights, materialize, set_nodes, use_ms_domain
 from .rewrites import fold_weight_transposes
 
 ACCURACY_LEVEL = 4  # int8 activations, integer accumulation
@@ -144,19 +144,21 @@ def quantize_graph(src: Path, dst: Path, precision: str, method: str = "rtn", in
     logging.getLogger("onnxruntime.quantization").setLevel(logging.WARNING)
     if method not in METHODS:
         raise ConfigError(f"quantization method '{method}' is unknown; pick one of {', '.join(METHODS)}")
-    model = onnx.load(str(src))
-    fold_weight_transposes(model)
-    if options.fuse:
-        fusion.fuse_all(model)
-        if max_context:
-            attention.fuse_attention(model, max_context, gqa_probe.form_row_independent)
-    chosen, carried = compute_form(precision, options), 0
-    if lm_head and wider_head(precision, method, options):
-        chosen = FORMS["int8"]  # a GGUF's own head blocks still carry as they are
-    if method != "ort":
-        carried = _own_blocks(model, chosen, "absmax" if method == "rtn" else method, index, outliers, grams,
-                              fold=not options.exact_offsets)
-    else:
+    with lazy_weights(src.parent):  # each weight read when it is rounded (optimize/graph.py)
+        model = onnx.load(str(src), load_external_data=False)
+        fold_weight_transposes(model)
+        if options.fuse:
+            fusion.fuse_all(model)
+            if max_context:
+                attention.fuse_attention(model, max_context, gqa_probe.form_row_independent)
+        chosen, carried = compute_form(precision, options), 0
+        if lm_head and wider_head(precision, method, options):
+            chosen = FORMS["int8"]  # a GGUF's own head blocks still carry as they are
+        if method != "ort":
+            carried = _own_blocks(model, chosen, "absmax" if method == "rtn" else method, index, outliers, grams,
+                                  fold=not options.exact_offsets)
+        materialize(model)
+    if method == "ort":
         quantizer = mnb.MatMulNBitsQuantizer(model, algo_config=_algo_config(chosen, method),
                                              accuracy_level=ACCURACY_LEVEL)
         quantizer.process()
@@ -192,8 +194,6 @@ def _own_blocks(model, form: ComputeForm, method: str, index=None, outliers: dic
     `grams`: activation -> Xᵀ X over the calibration text, for GPTQ (gptq.py), or a function
     returning them (called only for a weight that does not carry); `fold`: float
     offsets folded into the MatMulNBits (folding.py) rather than an exact term beside it."""
-    from onnx import numpy_helper
-
     inits = {t.name: t for t in model.graph.initializer}
     nodes, carried, shared = [], 0, {"sums": {}, "outliers": {}, "joined": {}, "fold": fold}
     for node in model.graph.node:
@@ -202,7 +202,7 @@ def _own_blocks(model, form: ComputeForm, method: str, index=None, outliers: dic
             nodes.append(node)
             continue
         gram = lambda name=node.input[0]: (grams() if callable(grams) else grams or {}).get(name)  # noqa: E731
-        blocks, exact = _blocks(numpy_helper.to_array(weight), form, method, index, gram)
+        blocks, exact = _blocks(array(weight), form, method, index, gram)
         carried += exact
         channels = (outliers or {}).get(node.input[0])
         nodes += _compute_nodes(model, node, weight.name, blocks, channels, shared)

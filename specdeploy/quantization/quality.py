@@ -5,11 +5,16 @@ come from real generations. Everything runs on the same machine in one process.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
+from ..bundle import manifest as manifest_io
 from ..config import GenerationConfig
 from ..errors import ConfigError
 from ..runtime.engine import Engine
+from ..runtime.split_model import SplitModel, graph_at_a_time
+from ..runtime.tokenizer import Tokenizer, encode_plain
 
 
 def teacher_forced_logits(engine: Engine, ids: list[int]) -> np.ndarray:
@@ -19,27 +24,40 @@ def teacher_forced_logits(engine: Engine, ids: list[int]) -> np.ndarray:
     return model.logits(hidden).astype(np.float64)              # [S, V]
 
 
-def _nll(logits: np.ndarray, targets: list[int]) -> float:
-    shifted = logits - logits.max(-1, keepdims=True)
+def teacher_forced(bundle, manifest, texts: list[list[int]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per text (token ids), the full model's greedy token at every position [S] and its log
+    probability of each next token [S-1], one graph at a time (runtime.split_model.graph_at_a_time):
+    an fp32 reference of a large model never holds all its graphs' weights."""
+    model = SplitModel(manifest, graph_at_a_time(bundle, manifest))
+    try:
+        hidden = [model.draft_pass(ids, 0).copy() for ids in texts]                    # [S, H] each
+        model.draft_stage.close()
+        hidden = [model.verify_pass(h, 0).copy() for h in hidden]                      # [S, H] each
+        model.verify_stage.close()
+        return [_summary(model.logits(h).astype(np.float64), ids) for h, ids in zip(hidden, texts)]
+    finally:
+        model.close()
+
+
+def _summary(logits: np.ndarray, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    shifted = logits[:-1] - logits[:-1].max(-1, keepdims=True)                        # [S-1, V]
     logp = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-    return float(-logp[np.arange(len(targets)), targets].mean())
+    return logits.argmax(-1), logp[np.arange(len(ids) - 1), ids[1:]]
 
 
-def compare_text(reference: Engine, candidate: Engine, texts: list[str]) -> dict:
-    agree, total, nll_ref, nll_cand, n = 0, 0, 0.0, 0.0, 0
-    for text in texts:
-        ids = reference.encode_prompt(text)[: reference.manifest.max_context]
-        if len(ids) < 2:  # nothing to predict (a tokenizer that drops this text)
-            continue
-        ref, cand = teacher_forced_logits(reference, ids), teacher_forced_logits(candidate, ids)
-        agree += int((ref.argmax(-1) == cand.argmax(-1)).sum())
-        total += len(ids)
-        nll_ref += _nll(ref[:-1], ids[1:]) * (len(ids) - 1)
-        nll_cand += _nll(cand[:-1], ids[1:]) * (len(ids) - 1)
-        n += len(ids) - 1
-    if not n:
+def compare_text(reference: Path, candidate: Path, texts: list[str]) -> dict:
+    """Top-1 agreement and perplexities of the `candidate` bundle against `reference` over `texts`."""
+    ref_manifest, cand_manifest = manifest_io.read(reference), manifest_io.read(candidate)
+    tokenizer = Tokenizer(Path(candidate) / cand_manifest.tokenizer, None, cand_manifest.model.bos_token_id)
+    encoded = (encode_plain(tokenizer, cand_manifest.model, t)[: cand_manifest.max_context] for t in texts)
+    ids = [i for i in encoded if len(i) >= 2]
+    if not ids:  # nothing to predict (a tokenizer that drops every text)
         raise ConfigError("the bundle's tokenizer turns every passage of the quality report into fewer than two "
                           "tokens; check its tokenizer.json encodes plain text")
+    ref, cand = teacher_forced(reference, ref_manifest, ids), teacher_forced(candidate, cand_manifest, ids)
+    agree = sum(int((r[0] == c[0]).sum()) for r, c in zip(ref, cand))
+    total, n = sum(map(len, ids)), sum(len(i) - 1 for i in ids)
+    nll_ref, nll_cand = -sum(r[1].sum() for r in ref), -sum(c[1].sum() for c in cand)
     return {"top1_agreement": round(agree / total, 4), "perplexity": round(float(np.exp(nll_cand / n)), 3),
             "perplexity_fp32": round(float(np.exp(nll_ref / n)), 3)}
 
@@ -60,7 +78,7 @@ def speed_and_acceptance(engine: Engine, prompts: list[str], max_new_tokens: int
 
 
 def report(reference_bundle, candidate_bundle, texts: list[str], prompts: list[str]) -> dict:
-    with Engine(reference_bundle) as ref, Engine(candidate_bundle) as cand:
-        out = compare_text(ref, cand, texts)
+    out = compare_text(Path(reference_bundle), Path(candidate_bundle), texts)
+    with Engine(candidate_bundle) as cand:
         out.update(speed_and_acceptance(cand, prompts))
     return out

@@ -16,6 +16,7 @@ from feeds.py.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import shutil
@@ -229,7 +230,7 @@ def quantize_into(source: Path, target: Path, options: QuantizeOptions, texts: l
     attempts, folded = [(block, compute.exact_offsets) for block in blocks], False
     while True:
         block, exact = attempts.pop(0)
-        shutil.copytree(source, target)
+        _copy(source, target, manifest.weights, link=all(p in COMPUTE_FORMS for p in options.plan(manifest).values()))
         try:
             tried = dataclasses.replace(compute, int4_block=block, exact_offsets=exact)
             return quantize_bundle(target, dataclasses.replace(options, compute=tried), texts, echo)
@@ -244,6 +245,22 @@ def quantize_into(source: Path, target: Path, options: QuantizeOptions, texts: l
             shutil.rmtree(target)
             echo(f"{_form(block, exact, folded)} is not row-independent on this machine; trying "
                  f"{_form(*attempts[0], folded)}")
+
+
+def _copy(source: Path, target: Path, weights_file: str, link: bool) -> None:
+    """`source` copied to `target`; with `link`, its weights file hard-linked where the filesystem
+    allows (an 8B model's fp32 weights are 32 GB): int4 / int8 read the fp32 weights memory-mapped
+    (optimize/graph.py) and replace the file whole, never writing it. `onnx` refuses to load a
+    hard-linked file's data, which fp16 / fp8 and graphs kept fp32 do, so they get a copy."""
+    import os
+
+    def copy(src, dst):
+        if link and Path(src).name == weights_file:
+            with contextlib.suppress(OSError):
+                return os.link(src, dst)
+        return shutil.copy2(src, dst)
+
+    shutil.copytree(source, target, copy_function=copy)
 
 
 def _folded(bundle: Path, graphs: dict) -> bool:

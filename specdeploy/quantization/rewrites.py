@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..optimize.graph import set_nodes
+from ..optimize.graph import array, deferred, set_nodes
 
 KEEP_FLOAT = ("down_proj",)  # MatMuls whose weights' names contain these stay in float
 def float_matmuls(model, keep=KEEP_FLOAT) -> list[str]:
@@ -24,15 +24,18 @@ def fold_weight_transposes(model) -> None:
     The export keeps weights untransposed (so a tied LM head is stored once); a quantized weight is
     a new tensor anyway, and a quantizer only recognises a MatMul weight that is an initializer.
     """
-    from onnx import numpy_helper
+    from onnx import helper
 
     inits = {t.name: t for t in model.graph.initializer}
     keep = []
     for node in model.graph.node:
         if node.op_type == "Transpose" and node.input[0] in inits:
+            source = inits[node.input[0]]
             perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
-            data = numpy_helper.to_array(inits[node.input[0]])
-            model.graph.initializer.append(numpy_helper.from_array(np.transpose(data, perm), node.output[0]))
+            dims = [source.dims[i] for i in perm] if perm else list(source.dims)[::-1]
+            transposed = lambda t=source, p=perm: np.transpose(array(t), p)  # noqa: E731
+            model.graph.initializer.append(
+                deferred(node.output[0], dims, helper.tensor_dtype_to_np_dtype(source.data_type), transposed))
         else:
             keep.append(node)
     set_nodes(model, keep)

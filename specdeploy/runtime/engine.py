@@ -21,7 +21,7 @@ from .decoder import Decoder
 from .settings import DecodeSettings
 from .split_model import SplitModel
 from .stats import GenerationStats
-from .tokenizer import StreamDecoder, Tokenizer
+from .tokenizer import StreamDecoder, Tokenizer, encode_plain
 
 
 @dataclass(frozen=True)
@@ -69,11 +69,7 @@ class Engine:
             return self.tokenizer.encode(self.tokenizer.apply_chat_template(prompt))  # the template has BOS
         if not isinstance(prompt, str):
             raise ConfigError("prompt must be a string or a list of chat messages")
-        ids = self.tokenizer.encode(prompt)
-        bos = self.manifest.model.bos_token_id
-        if self.manifest.model.add_bos_token and bos is not None and ids[:1] != [bos]:
-            ids = [bos, *ids]  # as the model's own tokenizer encodes plain text (Gemma)
-        return ids
+        return encode_plain(self.tokenizer, self.manifest.model, prompt)
 
     def stream(self, prompt, config: GenerationConfig | None = None,
                stats: GenerationStats | None = None, **options) -> Iterator[Piece]:

@@ -80,3 +80,31 @@ class SplitModel:
     def close(self) -> None:
         for stage in self.stages.values():
             stage.close()
+
+
+class _LoadedWhenRun:
+    """One graph's ONNX Runtime stage, loaded at its first call and unloaded by `close`."""
+
+    def __init__(self, bundle, manifest: Manifest, name: str):
+        self.bundle, self.manifest, self.name, self.stage = bundle, manifest, name, None
+
+    def run(self, feeds: dict) -> dict:
+        if self.stage is None:
+            from ..backends import load_stages
+
+            only = self.manifest.replace(graphs={self.name: self.manifest.graphs[self.name]})
+            self.stage = load_stages(self.bundle, only)[self.name]
+        return self.stage.run(feeds)
+
+    def close(self) -> None:
+        if self.stage is not None:
+            self.stage.close()
+            self.stage = None
+
+
+def graph_at_a_time(bundle, manifest: Manifest) -> dict:
+    """Stages for a SplitModel whose caller runs each graph's calls together and closes its stage
+    (`model.draft_stage.close()`) before the next graph's: checks of a large fp32 bundle (validation,
+    the quality report's reference) then never hold two graphs' weights. A stage closed and run
+    again starts with empty KV buffers."""
+    return {name: _LoadedWhenRun(bundle, manifest, name) for name in manifest.graphs}

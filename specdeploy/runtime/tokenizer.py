@@ -73,3 +73,13 @@ class StreamDecoder:
         text = self.tokenizer.decode(self.ids[self.prefix_offset :])
         self.prefix_offset = self.read_offset = len(self.ids)
         return text[len(prefix) :] if len(text) > len(prefix) else ""
+
+
+def encode_plain(tokenizer: Tokenizer, model, text: str) -> list[int]:
+    """Token ids of plain text as the model's own tokenizer makes them (`model`: the manifest's
+    ModelInfo; Gemma's starts with BOS)."""
+    ids = tokenizer.encode(text)
+    bos = model.bos_token_id
+    if model.add_bos_token and bos is not None and ids[:1] != [bos]:
+        ids = [bos, *ids]
+    return ids
