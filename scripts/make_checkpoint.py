@@ -1,6 +1,7 @@
 """A Hugging Face checkpoint of a real edge model's shape with random weights, written in bounded memory.
 
     python scripts/make_checkpoint.py qwen2.5-1.5b -o models/qwen2.5-1.5b-random
+    python scripts/make_checkpoint.py qwen2.5-1.5b --gguf -o models/qwen2.5-1.5b-random-q4_0.gguf
     python scripts/make_checkpoint.py --list
 
 For measuring export and decoding at the sizes users ship (1-8B) without downloading them: the
@@ -9,6 +10,9 @@ Face module built on the meta device (no memory), and `model.safetensors` is wri
 a time in chunks (bf16, as checkpoints ship), so an 8B file is made in a few hundred MB. The
 tokenizer is byte-level (any text encodes, a token a byte), padded to the model's vocabulary size,
 with a chat template.
+With --gguf the same shape is written as a llama.cpp file instead: layer weights Q4_0, the
+embedding and output Q8_0, norms and biases F32 (llama.cpp's Q4_0 layout), the byte-level
+vocabulary and chat template in its metadata, one tensor in memory at a time.
 Random weights decode nonsense; their memory and speed are a real model's.
 """
 from __future__ import annotations
@@ -89,20 +93,83 @@ def write_tokenizer(directory: Path, vocab_size: int) -> None:
     fast.save_pretrained(directory)
 
 
+def write_gguf(path: Path, config, params: list[tuple[str, tuple[int, ...]]], seed: int = 0) -> int:
+    """The checkpoint as a GGUF file (see the module docstring), tensors generated one at a time."""
+    import gguf
+
+    arch = {"qwen2": "qwen2", "llama": "llama"}[config.model_type]
+    names = gguf.get_tensor_name_map(next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch),
+                                     config.num_hidden_layers)
+    writer = gguf.GGUFWriter(path, arch)
+    writer.add_name(path.stem)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_freq_base(float(getattr(config, "rope_theta", 10000.0)))
+    writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    tokens = _token_list(config.vocab_size)
+    writer.add_token_list(tokens)
+    writer.add_token_types([gguf.TokenType.CONTROL] * 2 + [gguf.TokenType.NORMAL] * (len(tokens) - 2))
+    writer.add_token_merges([])
+    writer.add_bos_token_id(0)
+    writer.add_eos_token_id(1)
+    writer.add_chat_template(TEMPLATE)
+    plan = []
+    for name, dims in params:
+        stem, suffix = name.rsplit(".", 1)
+        kind = (gguf.GGMLQuantizationType.F32 if len(dims) == 1 else gguf.GGMLQuantizationType.Q8_0
+                if "embed" in name or "lm_head" in name else gguf.GGMLQuantizationType.Q4_0)
+        nbytes = int(np.prod(gguf.quant_shape_to_byte_shape(dims, kind))) if len(dims) > 1 else 4 * int(np.prod(dims))
+        writer.add_tensor_info(f"{names.get_name(stem)}.{suffix}", dims, np.dtype(np.float32), nbytes,
+                               None if len(dims) == 1 else kind)
+        plan.append((name, dims, kind))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    rng = np.random.default_rng(seed)
+    for name, dims, kind in plan:
+        values = np.ones(dims, np.float32) if name.endswith("norm.weight") else \
+            rng.normal(0.0, 0.02, dims).astype(np.float32)
+        writer.write_tensor_data(values if kind == gguf.GGMLQuantizationType.F32 else gguf.quants.quantize(values, kind))
+        del values
+    writer.close()
+    return path.stat().st_size
+
+
+def _token_list(vocab_size: int) -> list[str]:
+    from tokenizers import pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tokens = ["<s>", "</s>", *alphabet]
+    return tokens + [f"<w{i}>" for i in range(len(tokens), vocab_size)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("shape", nargs="?", choices=sorted(SHAPES))
     parser.add_argument("-o", "--output", type=Path)
     parser.add_argument("--list", action="store_true", help="list the shapes and their parameter counts")
+    parser.add_argument("--gguf", action="store_true", help="write a Q4_0 GGUF file (-o names the file)")
     args = parser.parse_args()
     if args.list or not args.shape:
         for name in sorted(SHAPES):
             _, params = parameters(SHAPES[name])
             print(f"{name:14s} {sum(int(np.prod(d)) for _, d in params) / 1e9:.2f}B parameters")
         return
+    config, params = parameters(SHAPES[args.shape])
+    if args.gguf:
+        out = args.output or Path("models") / f"{args.shape}-random-q4_0.gguf"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        written = write_gguf(out, config, params)
+        print(f"{out}: {sum(int(np.prod(d)) for _, d in params) / 1e9:.2f}B parameters, {written / 2**30:.2f} GiB")
+        return
     out = args.output or Path("models") / f"{args.shape}-random"
     out.mkdir(parents=True, exist_ok=True)
-    config, params = parameters(SHAPES[args.shape])
     config.dtype = "bfloat16"
     config.save_pretrained(out)
     written = write_safetensors(out / "model.safetensors", params)

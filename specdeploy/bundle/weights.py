@@ -27,19 +27,22 @@ def share(graphs: dict[str, Path], out_dir: Path, weights_file: str) -> dict[str
     """Rewrite each graph in `graphs` into `out_dir` pointing into one deduplicated weights file.
 
     Returns byte counts {"written": ..., "referenced": ...} so callers can report the saving.
-    Needs `onnx` (the export extra): only exporting and quantizing write weights.
+    Each graph is loaded without its external data and each tensor's bytes read memory-mapped from
+    its file when copied, so a large graph is never in memory whole. Needs `onnx` (the export
+    extra): only exporting and quantizing write weights.
     """
     import onnx
-    from onnx import external_data_helper, numpy_helper
 
     offsets: dict[str, tuple[int, int]] = {}
     written = referenced = 0
     with open(out_dir / weights_file, "wb") as blob:
         for name, src in graphs.items():
-            model = onnx.load(str(src), load_external_data=True)
+            model = onnx.load(str(src), load_external_data=False)
             for tensor in _external_tensors(model):
-                data = numpy_helper.to_array(tensor).tobytes()
+                data = _bytes(tensor, Path(src).parent)
                 if len(data) < INLINE_LIMIT:
+                    if tensor.data_location == onnx.TensorProto.EXTERNAL:  # a small one kept inside
+                        _inline(tensor, data)
                     continue
                 referenced += len(data)
                 digest = hashlib.sha256(data).hexdigest() + str(tensor.data_type)
@@ -49,13 +52,44 @@ def share(graphs: dict[str, Path], out_dir: Path, weights_file: str) -> dict[str
                     offsets[digest] = (blob.tell(), len(data))
                     blob.write(data)
                     written += len(data)
-                offset, length = offsets[digest]
-                for field in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data",
-                              "external_data"):
-                    tensor.ClearField(field)
-                tensor.raw_data = data  # set_external_data requires the raw_data field
-                external_data_helper.set_external_data(tensor, weights_file, offset, length)
-                tensor.ClearField("raw_data")
-                tensor.data_location = onnx.TensorProto.EXTERNAL
+                _point(tensor, weights_file, *offsets[digest])
+                del data
             onnx.save(model, str(out_dir / f"{name}.onnx"))
     return {"written": written, "referenced": referenced}
+
+
+def _bytes(tensor, base: Path) -> memoryview:
+    """A tensor's raw little-endian bytes: from its external file (memory-mapped), else its fields."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        info = {e.key: e.value for e in tensor.external_data}
+        offset, length = int(info.get("offset", 0)), info.get("length")
+        mapped = np.memmap(base / info["location"], dtype=np.uint8, mode="r", offset=offset,
+                           shape=(int(length),) if length else None)
+        return memoryview(mapped)
+    if tensor.HasField("raw_data"):
+        return memoryview(tensor.raw_data)
+    return memoryview(numpy_helper.to_array(tensor).tobytes())
+
+
+def _inline(tensor, data) -> None:
+    import onnx
+
+    del tensor.external_data[:]
+    tensor.data_location = onnx.TensorProto.DEFAULT
+    tensor.raw_data = bytes(data)
+
+
+def _point(tensor, weights_file: str, offset: int, length: int) -> None:
+    """`tensor`'s data becomes bytes [offset, offset + length) of `weights_file`."""
+    import onnx
+
+    for field in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data", "raw_data"):
+        tensor.ClearField(field)
+    del tensor.external_data[:]
+    for key, value in (("location", weights_file), ("offset", offset), ("length", length)):
+        tensor.external_data.add(key=key, value=str(value))
+    tensor.data_location = onnx.TensorProto.EXTERNAL

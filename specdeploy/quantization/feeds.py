@@ -33,25 +33,33 @@ class Reader:
 
 def calibration_feeds(bundle: Path, manifest, texts: list[str],
                       window: int = 32) -> dict[str, list[Callable[[], dict]]]:
-    """Per graph, feeds from running the fp32 bundle on fixed-size windows of the calibration texts.
+    """Per graph, feeds from running the fp32 bundle on fixed-size windows of the calibration texts,
+    one graph at a time (runtime.split_model.graph_at_a_time: a large model's fp32 graphs are never
+    resident together).
 
     Equal shapes let every calibrator (histograms too) merge its statistics across samples.
     """
-    from ..runtime.engine import Engine
+    from ..runtime.split_model import SplitModel, graph_at_a_time
+    from ..runtime.tokenizer import Tokenizer, encode_plain
 
+    tokenizer = Tokenizer(bundle / manifest.tokenizer, None, manifest.model.bos_token_id)
+    stream = [t for text in texts for t in encode_plain(tokenizer, manifest.model, text)]
+    windows = [stream[start : start + window] for start in range(0, len(stream) - window + 1, window)]
+    model = SplitModel(manifest, graph_at_a_time(bundle, manifest))
+    try:
+        hidden = [model.draft_pass(ids, 0).copy() for ids in windows]                  # [S, H] each
+        model.draft_stage.close()
+        final = [model.verify_pass(h, 0).copy() for h in hidden]                      # [S, H] each
+    finally:
+        model.close()
     feeds = {name: [] for name in manifest.graphs}
-    with Engine(bundle) as engine:
-        stream = [t for text in texts for t in engine.encode_prompt(text)]
-        for start in range(0, len(stream) - window + 1, window):
-            ids = stream[start : start + window]
-            hidden_k = engine.model.draft_pass(ids, 0).copy()                      # [S, H]
-            final = engine.model.verify_pass(hidden_k, 0).copy()                       # [S, H]
-            feeds[io_names.DRAFT].append(decoder_feed(manifest, io_names.DRAFT, io_names.INPUT_IDS,
-                                                      np.array([ids], np.int64)))
-            feeds[io_names.VERIFY].append(decoder_feed(manifest, io_names.VERIFY, io_names.HIDDEN_IN, hidden_k[None]))
-            feeds[io_names.HEAD].append(lambda f=final: {io_names.HIDDEN_IN: f[None]})
-            if io_names.DRAFT_HEAD in manifest.graphs:
-                feeds[io_names.DRAFT_HEAD].append(lambda h=hidden_k: {io_names.HIDDEN_IN: h[None]})
+    for ids, hidden_k, last in zip(windows, hidden, final):
+        feeds[io_names.DRAFT].append(decoder_feed(manifest, io_names.DRAFT, io_names.INPUT_IDS,
+                                                  np.array([ids], np.int64)))
+        feeds[io_names.VERIFY].append(decoder_feed(manifest, io_names.VERIFY, io_names.HIDDEN_IN, hidden_k[None]))
+        feeds[io_names.HEAD].append(lambda f=last: {io_names.HIDDEN_IN: f[None]})
+        if io_names.DRAFT_HEAD in manifest.graphs:
+            feeds[io_names.DRAFT_HEAD].append(lambda h=hidden_k: {io_names.HIDDEN_IN: h[None]})
     return feeds
 
 
@@ -85,16 +93,30 @@ class Calibration:
 
     def __init__(self, make_feeds: Callable[[], dict], outliers: dict, gptq_graphs: dict):
         self._make_feeds, self.outliers, self.gptq_graphs = make_feeds, outliers, gptq_graphs
+        self._spilled: list = []
 
     @functools.cached_property
     def feeds(self) -> dict:
         return self._make_feeds()
 
-    def grams(self, name: str) -> Callable[[], dict | None]:
-        """The graph's input Gram matrices, made when first asked for: K² floats per matmul input
-        (0.3 GB for the example's verify graph), so one graph's at a time."""
+    def grams(self, name: str) -> Callable[[], gptq.SpilledGrams | None]:
+        """The graph's input Gram matrices (each made when its weight is rounded: gptq.SpilledGrams),
+        their activations spilled when first asked for."""
         file = self.gptq_graphs.get(name)
-        return functools.cache(lambda: gptq.gram_matrices(file, self.feeds[name]) if file else None)
+
+        @functools.cache
+        def spilled():
+            if file is None:
+                return None
+            self._spilled.append(gptq.SpilledGrams(file, self.feeds[name]))
+            return self._spilled[-1]
+        return spilled
+
+    def close(self) -> None:
+        """Remove the spilled activations."""
+        for spilled in self._spilled:
+            spilled.close()
+        self._spilled.clear()
 
 
 def calibrate(bundle: Path, manifest, plan: dict, method: str, options: ComputeOptions,

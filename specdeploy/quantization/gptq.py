@@ -23,31 +23,55 @@ CHUNK = 128   # rows whose updates to the later rows are applied as one matmul
 GRAM_ROWS = 512  # activation rows multiplied into the Gram matrices at once
 
 
+class SpilledGrams:
+    """H = Xᵀ X [K, K] of each weight matmul's input over the calibration feeds, made when GPTQ asks
+    for that input's (`get`) and not kept (float32: GPTQ damps H anyway).
+
+    A graph's matrices all at once were its largest allocation: K² floats per input, ~7 GB for a
+    1.5B model's verify graph. Here one pass of the fp32 graph spills every input's rows to a file
+    of their own (rows x K floats: a few hundred KB a token), and one input's H is summed from its
+    file GRAM_ROWS rows at a time when its weight is rounded: 0.3 GB at K = 8,960. The files live in
+    a temporary directory beside the bundle, removed by `close` (or with this object)."""
+
+    def __init__(self, graph_file: Path, feeds: list[Callable[[], dict]]):
+        import tempfile
+
+        self._dir = tempfile.TemporaryDirectory(dir=graph_file.parent.parent, prefix=".activations-")
+        self._files: dict[str, tuple[Path, int]] = {}
+        handles = {}
+        try:
+            for values in matmul_activations(graph_file, feeds):
+                for name, rows in values.items():
+                    if name not in handles:
+                        path = Path(self._dir.name) / f"{len(handles)}.f32"
+                        handles[name], self._files[name] = open(path, "wb"), (path, rows.shape[1])
+                    handles[name].write(np.ascontiguousarray(rows, dtype=np.float32).tobytes())
+        finally:
+            for handle in handles.values():
+                handle.close()
+
+    def get(self, name: str) -> np.ndarray | None:
+        if name not in self._files:
+            return None
+        path, k = self._files[name]
+        x = np.memmap(path, dtype=np.float32, mode="r").reshape(-1, k)                  # [rows, K]
+        gram = np.zeros((k, k), np.float32)                                               # [K, K]
+        for start in range(0, len(x), GRAM_ROWS):
+            rows = np.asarray(x[start : start + GRAM_ROWS])
+            gram += rows.T @ rows
+        return gram
+
+    def close(self) -> None:
+        self._dir.cleanup()
+
+
 def gram_matrices(graph_file: Path, feeds: list[Callable[[], dict]]) -> dict[str, np.ndarray]:
-    """H = Xᵀ X [K, K] of every weight matmul's input over the calibration feeds (float32: GPTQ
-    damps H anyway, and these are the quantizer's largest allocation).
-
-    A feed carries 32 rows; Xᵀ X over so few rewrites all K² sums for each 32 rows (memory-bound:
-    1.7 s per 4,096 rows at K = 1,536 on a 2-core CPU), so rows are gathered and multiplied
-    GRAM_ROWS at a time (0.2 s)."""
-    grams: dict[str, np.ndarray] = {}
-    pending: dict[str, list[np.ndarray]] = {}
-
-    def add(name: str) -> None:
-        x = np.concatenate(pending.pop(name))                                       # [rows, K]
-        if name in grams:
-            grams[name] += x.T @ x
-        else:
-            grams[name] = x.T @ x
-
-    for values in matmul_activations(graph_file, feeds):
-        for name, rows in values.items():
-            pending.setdefault(name, []).append(rows.astype(np.float32))            # [rows, K]
-            if sum(len(r) for r in pending[name]) >= GRAM_ROWS:
-                add(name)
-    for name in list(pending):
-        add(name)
-    return grams
+    """Every input's H at once (what tests and probes compare against SpilledGrams)."""
+    spilled = SpilledGrams(graph_file, feeds)
+    try:
+        return {name: spilled.get(name) for name in spilled._files}
+    finally:
+        spilled.close()
 
 
 def _inverse_factor(gram: np.ndarray) -> np.ndarray:

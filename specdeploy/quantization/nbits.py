@@ -51,10 +51,18 @@ def _blocks_of(w: np.ndarray, block: int) -> np.ndarray:
     return np.ascontiguousarray(w.T).reshape(n, k // block, block)  # [N, nb, block]
 
 
+COLUMNS = 4096  # output columns rounded at a time: a 150k-token LM head's temporaries stay ~100 MB
+
+
 def quantize(w: np.ndarray, bits: int, block: int, method: str = "mse") -> Blocks:
     """Block quantization of W [K, N]; "mse" picks each block's scale from a few shrunken ranges by
     squared error (clipping the largest value can cut the error of all the others), "absmax" maps
-    each block's largest magnitude onto the grid (both symmetric), "minmax" is quantize_minmax."""
+    each block's largest magnitude onto the grid (both symmetric), "minmax" is quantize_minmax.
+    Columns are independent, so a wide W is rounded COLUMNS at a time."""
+    if w.shape[1] > COLUMNS:
+        parts = [quantize(w[:, i : i + COLUMNS], bits, block, method) for i in range(0, w.shape[1], COLUMNS)]
+        offsets = None if parts[0].offsets is None else np.concatenate([p.offsets for p in parts])
+        return Blocks(np.concatenate([p.q for p in parts]), np.concatenate([p.scales for p in parts]), bits, offsets)
     if method == "minmax":
         return quantize_minmax(w, bits, block)
     x = _blocks_of(np.asarray(w, np.float32), block)                 # [N, nb, block]

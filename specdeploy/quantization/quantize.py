@@ -166,8 +166,11 @@ def quantize_bundle(bundle: Path, options: QuantizeOptions, texts: list[str] | N
     unfused = gqa_probe.unfused_reason(manifest, plan, COMPUTE_FORMS, compute, options.tensorrt)
     with tempfile.TemporaryDirectory(dir=bundle.parent, prefix=".quantize-") as tmp:
         tmp = Path(tmp)
-        files, counts = _quantize_graphs(bundle, manifest, plan, tmp, options.method, calibration, indexes,
-                                         echo, compute, unfused is None)
+        try:
+            files, counts = _quantize_graphs(bundle, manifest, plan, tmp, options.method, calibration, indexes,
+                                             echo, compute, unfused is None)
+        finally:
+            calibration.close()
         if any(p in COMPUTE_FORMS for p in plan.values()):
             echo(_attention_line(counts["fused_attention"], unfused))
         out = tmp / "bundle"

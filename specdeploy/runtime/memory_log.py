@@ -35,6 +35,11 @@ class MemoryLog:
         self.marks: list[tuple[str, float, float]] = []   # (step, resident MB, peak MB)
 
     def mark(self, step: str) -> None:
+        """The readings after `step`, its freed heap first handed back (glibc keeps freed pages
+        otherwise, and the next step's peak would stand on them)."""
+        from ..backends.residency import trim_heap
+
+        trim_heap()
         resident, peak = _resident_mb()
         self.marks.append((step, resident, peak))
         log.info(f"memory after {step}: {resident:,.0f} MB resident, peak so far {peak:,.0f} MB")
