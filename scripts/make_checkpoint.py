@@ -115,7 +115,7 @@ def write_gguf(path: Path, config, params: list[tuple[str, tuple[int, ...]]], se
     tokens = _token_list(config.vocab_size)
     writer.add_token_list(tokens)
     writer.add_token_types([gguf.TokenType.CONTROL] * 2 + [gguf.TokenType.NORMAL] * (len(tokens) - 2))
-    writer.add_token_merges([])
+    writer.add_token_merges(["Ġ Ġ"])  # one merge (two spaces): transformers' reader wants merges
     writer.add_bos_token_id(0)
     writer.add_eos_token_id(1)
     writer.add_chat_template(TEMPLATE)
@@ -145,7 +145,7 @@ def _token_list(vocab_size: int) -> list[str]:
     from tokenizers import pre_tokenizers
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tokens = ["<s>", "</s>", *alphabet]
+    tokens = ["<s>", "</s>", *alphabet, "ĠĠ"]
     return tokens + [f"<w{i}>" for i in range(len(tokens), vocab_size)]
 
 

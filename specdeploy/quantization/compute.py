@@ -42,6 +42,7 @@ from .rewrites import fold_weight_transposes
 
 ACCURACY_LEVEL = 4  # int8 activations, integer accumulation
 TIED_TOLERANCE = 0.3  # relative error below which the head's blocks are taken as the embedding's
+TIED_ROWS = 4096      # vocabulary rows that relative error is measured on
 
 
 @dataclass(frozen=True)
@@ -250,30 +251,33 @@ def quantize_embedding(draft: Path, head: Path, precision: str, index=None,
     from . import nbits
 
     chosen = compute_form(precision, options)
-    model = onnx.load(str(draft))
-    inits = {t.name: t for t in model.graph.initializer}
-    gather = next((n for n in model.graph.node if n.op_type == "Gather" and n.input[0] in inits
-                   and len(inits[n.input[0]].dims) == 2), None)
-    if gather is None:
-        return 0
-    table = numpy_helper.to_array(inits[gather.input[0]])                       # [V, H] float32
-    if table.shape[1] % chosen.block_size:
-        return 0
-    blocks = _tied_head_blocks(head, table) or _blocks(table.T, chosen, "absmax", index)[0]
-    if blocks.offsets is not None:  # GatherBlockQuantized has no float offsets
-        blocks = nbits.quantize(table.T, chosen.bits, chosen.block_size, "absmax")
-    b, scales = nbits.pack(blocks)
-    vocab, n_blocks = blocks.q.shape[:2]
-    name = gather.input[0]
-    model.graph.initializer.extend([numpy_helper.from_array(b.reshape(vocab, -1), name + ".q"),
-                                    numpy_helper.from_array(scales.reshape(vocab, n_blocks), name + ".qscales")])
-    replacement = helper.make_node(
-        "GatherBlockQuantized", [name + ".q", gather.input[1], name + ".qscales"], list(gather.output),
-        name=gather.name + ".quantized", domain=MS_DOMAIN, gather_axis=0, quantize_axis=1,
-        block_size=blocks.block, bits=blocks.bits)
-    set_nodes(model, [replacement if n is gather else n for n in model.graph.node])
-    use_ms_domain(model)
     data = draft.with_name(draft.name + ".data")
+    with lazy_weights(draft.parent):  # the fp32 table is read memory-mapped, never whole
+        model = onnx.load(str(draft), load_external_data=False)
+        inits = {t.name: t for t in model.graph.initializer}
+        gather = next((n for n in model.graph.node if n.op_type == "Gather" and n.input[0] in inits
+                       and len(inits[n.input[0]].dims) == 2), None)
+        if gather is None:
+            return 0
+        table = array(inits[gather.input[0]])                                         # [V, H] float32
+        if table.shape[1] % chosen.block_size:
+            return 0
+        blocks = _tied_head_blocks(head, table) or _blocks(table.T, chosen, "absmax", index)[0]
+        if blocks.offsets is not None:  # GatherBlockQuantized has no float offsets
+            blocks = nbits.quantize(table.T, chosen.bits, chosen.block_size, "absmax")
+        b, scales = nbits.pack(blocks)
+        vocab, n_blocks = blocks.q.shape[:2]
+        name = gather.input[0]
+        model.graph.initializer.extend([numpy_helper.from_array(b.reshape(vocab, -1), name + ".q"),
+                                        numpy_helper.from_array(scales.reshape(vocab, n_blocks), name + ".qscales")])
+        replacement = helper.make_node(
+            "GatherBlockQuantized", [name + ".q", gather.input[1], name + ".qscales"], list(gather.output),
+            name=gather.name + ".quantized", domain=MS_DOMAIN, gather_axis=0, quantize_axis=1,
+            block_size=blocks.block, bits=blocks.bits)
+        set_nodes(model, [replacement if n is gather else n for n in model.graph.node])  # the fp32 table dropped
+        del table
+        materialize(model)  # the graph's other weights, read before their file is rewritten
+    use_ms_domain(model)
     data.unlink(missing_ok=True)
     onnx.save(model, str(draft), save_as_external_data=True, location=data.name)
     return blocks.bits
@@ -296,8 +300,12 @@ def _tied_head_blocks(head: Path, table):
         blocks = nbits.unpack(numpy_helper.to_array(inits[node.input[1]]),
                               numpy_helper.to_array(inits[node.input[2]]), attrs["bits"], attrs["block_size"])
         # tied: the head's blocks quantize this very table (4-bit relative error ~0.1; an untied
-        # head's weights are unrelated, error ~1.4)
-        error = np.linalg.norm(blocks.dequantize() - table.T) / max(np.linalg.norm(table), 1e-12)
+        # head's weights are unrelated, error ~1.4), told apart on the first TIED_ROWS tokens' rows
+        rows = slice(0, min(TIED_ROWS, table.shape[0]))
+        sample = nbits.Blocks(blocks.q[rows], blocks.scales[rows], blocks.bits,
+                              None if blocks.offsets is None else blocks.offsets[rows])
+        part = np.asarray(table[rows])                                                # [R, H]
+        error = np.linalg.norm(sample.dequantize() - part.T) / max(np.linalg.norm(part), 1e-12)
         if error < TIED_TOLERANCE:
             return blocks
     return None

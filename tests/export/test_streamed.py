@@ -1,0 +1,88 @@
+"""export/streamed.py and tensor_source.py: the model as a skeleton, its weights read a tensor at a time.
+
+What the streamed export writes must be what `from_pretrained` loads, tensor for tensor, from a
+Hugging Face directory and from a GGUF (whose names and q/k layout transformers maps), and the
+reference that loads one layer at a time must compute what the loaded model computes.
+"""
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import EXAMPLE_GGUF, save_tiny_model, tiny_config
+from specdeploy.export import streamed
+from specdeploy.export.arch import load
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _same_weights(source: Path) -> None:
+    skeleton, _, weights = streamed.load_skeleton(source)
+    loaded, _ = load(source)
+    assert all(p.is_meta for p in skeleton.parameters())  # nothing read by loading
+    params = dict(skeleton.named_parameters())
+    for name, param in loaded.named_parameters():
+        np.testing.assert_array_equal(weights.parameter(params[name]), param.detach().numpy(), err_msg=name)
+    for name, buffer in loaded.named_buffers():
+        np.testing.assert_array_equal(dict(skeleton.named_buffers())[name].numpy(), buffer.numpy(), err_msg=name)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3_text"])
+def test_a_directorys_weights_are_what_from_pretrained_loads(tmp_path, arch):
+    _same_weights(save_tiny_model(arch, tmp_path / arch))
+
+
+@pytest.fixture(scope="module")
+def checkpoint_script():
+    spec = importlib.util.spec_from_file_location("make_checkpoint", ROOT / "scripts" / "make_checkpoint.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("shape", ["qwen2.5-0.5b", "llama3.1-8b"])  # qwen2 as stored; llama's q/k permuted
+def test_a_gguf_files_weights_are_what_from_pretrained_loads(tmp_path, checkpoint_script, shape):
+    tiny = dict(checkpoint_script.SHAPES[shape], hidden_size=64, num_hidden_layers=3, intermediate_size=96,
+                num_attention_heads=4, num_key_value_heads=2, vocab_size=400)
+    config, params = checkpoint_script.parameters(tiny)
+    path = tmp_path / "tiny-q4_0.gguf"
+    checkpoint_script.write_gguf(path, config, params)
+    _same_weights(path)
+
+
+@pytest.mark.integration
+def test_the_example_ggufs_weights_are_what_from_pretrained_loads():
+    if not EXAMPLE_GGUF.is_file():
+        pytest.skip("example model not fetched; run scripts/fetch_model.sh")
+    _same_weights(EXAMPLE_GGUF)
+
+
+def test_the_layer_at_a_time_reference_computes_what_the_loaded_model_does(tmp_path):
+    source = save_tiny_model("qwen2", tmp_path / "m", config=tiny_config("qwen2"))
+    skeleton, _, weights = streamed.load_skeleton(source)
+    loaded, _ = load(source)
+    ids = torch.tensor([[3, 14, 15, 92, 65, 35]])
+    with torch.no_grad(), weights.materialized() as runnable:
+        got = runnable(ids).logits
+        assert all(p.is_meta for p in runnable.model.layers[0].parameters())  # each layer's dropped after it ran
+    with torch.no_grad():
+        want = loaded(ids).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert all(p.is_meta for p in skeleton.parameters())
+
+
+def test_a_checkpoint_missing_a_tensor_is_named(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from specdeploy.errors import ModelSourceError
+
+    source = save_tiny_model("qwen2", tmp_path / "m")
+    tensors = load_file(source / "model.safetensors")
+    tensors.pop("model.layers.1.mlp.down_proj.weight")
+    save_file(tensors, source / "model.safetensors", metadata={"format": "pt"})
+    skeleton, _, weights = streamed.load_skeleton(source)
+    param = skeleton.get_parameter("model.layers.1.mlp.down_proj.weight")
+    with pytest.raises(ModelSourceError, match="model.layers.1.mlp.down_proj.weight"):
+        weights.parameter(param)
