@@ -602,3 +602,16 @@ def test_the_quality_report_skips_text_its_tokenizer_drops_and_says_when_none_is
         quality.compare_text(tiny_bundle, tiny_bundle, ["", "."])
     one = quality.compare_text(tiny_bundle, tiny_bundle, ["", "a passage of plain text"])
     assert one["top1_agreement"] == 1.0 and one["perplexity"] == one["perplexity_fp32"]
+
+
+def test_no_quality_report_when_the_fp32_reference_cannot_be_loaded_here(tiny_bundle, tmp_path, monkeypatch):
+    from specdeploy.quantization import quantize as quantize_module
+
+    monkeypatch.setattr(quantize_module, "too_large",
+                        lambda bundle, manifest: {"verify": "its weights exceed the memory (test)"})
+    lines = []
+    out = quantize(tiny_bundle, tmp_path / "q.plan", QuantizeOptions("int8", method="rtn"), echo=lines.append)
+    assert manifest_io.read(out).quality is None
+    assert any(line.startswith("no quality report: the fp32 reference's verify graph (its weights exceed the "
+                               "memory (test))") for line in lines)
+    assert any(line.startswith("row independence:") for line in lines)

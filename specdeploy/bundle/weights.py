@@ -93,3 +93,12 @@ def _point(tensor, weights_file: str, offset: int, length: int) -> None:
     for key, value in (("location", weights_file), ("offset", offset), ("length", length)):
         tensor.external_data.add(key=key, value=str(value))
     tensor.data_location = onnx.TensorProto.EXTERNAL
+
+
+def graph_bytes(graph: Path) -> int:
+    """Bytes of the weights `graph` reads from external files (the graph file itself not counted)."""
+    import onnx
+
+    model = onnx.load(str(graph), load_external_data=False)
+    return sum(int({e.key: e.value for e in t.external_data}.get("length", 0))
+               for t in _external_tensors(model) if t.data_location == onnx.TensorProto.EXTERNAL)

@@ -9,33 +9,39 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..bundle import io_names
 from ..errors import ValidationError
 from ..runtime.split_model import SplitModel, graph_at_a_time
 
 LOGITS_ATOL = {"fp32": 1e-3, "fp16": 5e-2, "int8": None, "int4": None, "fp8": None}
 
 
-def _schedule(model: SplitModel, prompt: list[int], drafts: list[int]) -> list[tuple[str, np.ndarray]]:
+def _schedule(model: SplitModel, prompt: list[int], drafts: list[int],
+              verify: bool = True) -> list[tuple[str, np.ndarray]]:
     """Each graph's calls in the order a decode makes them, one graph after another (the draft
     graph's, then the verify graph's, then the heads'), each graph's stage closed when done: a large
-    model's fp32 graphs are then never resident together, and each graph sees what it would."""
+    model's fp32 graphs are then never resident together, and each graph sees what it would.
+    `verify=False`: the draft graph's and heads' outputs only (a verify graph too large to load)."""
     p = len(prompt)
     hidden = model.draft_pass(prompt, 0).copy()
     rows = [model.draft_pass([token], p + i).copy()[0] for i, token in enumerate(drafts)]
     # rollback: keep one draft, redo the rest with other tokens over the stale rows
     redo = model.draft_pass(drafts[::-1][:2], p + 1).copy()
     model.draft_stage.close()
+    out = [("prefill.draft_hidden", hidden)]
+    out += [(f"draft{i}.logits", model.draft_logits(row[None]).copy()) for i, row in enumerate(rows)]
+    out += [("rollback.draft_hidden", redo)]
+    if not verify:
+        return out
     finals = [model.verify_pass(hidden, 0)[-1:].copy(), model.verify_pass(np.stack(rows), p).copy(),
               model.verify_pass(redo, p + 1).copy()]
     model.verify_stage.close()
-    out = [("prefill.draft_hidden", hidden), ("prefill.logits", model.logits(finals[0]).copy())]
-    out += [(f"draft{i}.logits", model.draft_logits(row[None]).copy()) for i, row in enumerate(rows)]
-    out += [("verify.logits", model.logits(finals[1]).copy()), ("rollback.logits", model.logits(finals[2]).copy())]
-    return out
+    return out + [("prefill.logits", model.logits(finals[0]).copy()), ("verify.logits", model.logits(finals[1]).copy()),
+                  ("rollback.logits", model.logits(finals[2]).copy())]
 
 
 def compare(exported: SplitModel, reference: SplitModel, precision: str = "fp32",
-            seed: int = 0, prompt_len: int = 7) -> dict[str, float]:
+            seed: int = 0, prompt_len: int = 7, verify: bool = True) -> dict[str, float]:
     """Max abs differences per checked output; raises ValidationError listing every mismatch."""
     rng = np.random.default_rng(seed)
     vocab = exported.manifest.model.vocab_size
@@ -43,7 +49,8 @@ def compare(exported: SplitModel, reference: SplitModel, precision: str = "fp32"
     drafts = [int(t) for t in rng.integers(0, vocab, 3)]
     diffs, failures = {}, []
     atol = LOGITS_ATOL.get(precision)
-    for (name, got), (_, want) in zip(_schedule(exported, prompt, drafts), _schedule(reference, prompt, drafts)):
+    for (name, got), (_, want) in zip(_schedule(exported, prompt, drafts, verify),
+                                      _schedule(reference, prompt, drafts, verify)):
         diff = float(np.abs(got - want).max())
         diffs[name] = diff
         if atol is not None and diff > atol * max(1.0, float(np.abs(want).max())):
@@ -64,10 +71,12 @@ def validation_prompt_len(model, manifest) -> int:
     return max(7, min((window or 0) + 7, manifest.max_context - 8))
 
 
-def validate_bundle(model, bundle, manifest, adapter=None, vocab_ids=None, streamed=None) -> dict[str, float]:
+def validate_bundle(model, bundle, manifest, adapter=None, vocab_ids=None, streamed=None,
+                    skip: frozenset = frozenset()) -> dict[str, float]:
     """The bundle's graphs in ONNX Runtime, one at a time, against the PyTorch reference over one
     schedule (with `streamed`, a skeleton whose layers load their weights as they run:
-    export/streamed.py)."""
+    export/streamed.py); `skip` may hold the verify graph (too large to load here: the draft graph
+    and heads are still compared)."""
     import contextlib
 
     from .reference import reference_stages
@@ -76,7 +85,7 @@ def validate_bundle(model, bundle, manifest, adapter=None, vocab_ids=None, strea
     try:
         with streamed.materialized() if streamed else contextlib.nullcontext(model) as runnable:
             reference = SplitModel(manifest, reference_stages(runnable, manifest, adapter, vocab_ids))
-            return compare(exported, reference, manifest.precision,
+            return compare(exported, reference, manifest.precision, verify=io_names.VERIFY not in skip,
                            prompt_len=validation_prompt_len(runnable, manifest))
     finally:
         exported.close()

@@ -107,6 +107,25 @@ def _with_draft_head(manifest: Manifest, draft: DraftHead | None, staging: Path)
     return manifest.replace(graphs=graphs, draft_vocab=vocab_file, confidence_threshold=draft.threshold)
 
 
+def _validate(model, staging: Path, manifest: Manifest, adapter, vocab_ids, streamed, echo) -> None:
+    """Validate the graphs (recorded in `manifest.extra`); a verify graph too large to load here is
+    named and left to the row check of the graphs that ship."""
+    from ..runtime.split_model import too_large
+    from .validate import validate_bundle
+
+    skipped = too_large(staging, manifest)
+    if set(skipped) - {io_names.VERIFY}:
+        manifest.extra["validation_skipped"] = skipped
+        echo(f"not validated: {'; '.join(f'the {n} graph: {r}' for n, r in skipped.items())}")
+        return
+    diffs = validate_bundle(model, staging, manifest, adapter, vocab_ids, streamed, frozenset(skipped))
+    manifest.extra["validation_max_abs_diff"] = diffs
+    echo(f"validated against the PyTorch reference: max |logit difference| {max(diffs.values()):.2g}")
+    if skipped:
+        manifest.extra["validation_skipped"] = skipped
+        echo(f"the verify graph was not validated: {skipped[io_names.VERIFY]}; the draft graph and heads were")
+
+
 def write_bundle(model, tokenizer, config, staging: Path, draft: DraftHead | None = None,
                  calibration: dict | None = None, echo=lambda line: None, streamed=None,
                  sealed: bool = True) -> Manifest:
@@ -117,8 +136,6 @@ def write_bundle(model, tokenizer, config, staging: Path, draft: DraftHead | Non
     an fp32 bundle that is only quantized's source, whose row check and exit agreement the
     quantized bundle measures on its own graphs (checking a large fp32 bundle would hold its weights).
     """
-    from .validate import validate_bundle
-
     manifest = build_manifest(model, tokenizer, config, Path(config.source).name)
     echo(f"exporting draft, verify and head graphs: exit layer {config.exit_layer} of {manifest.model.num_layers}")
     manifest = _with_draft_head(manifest, draft, staging)
@@ -130,9 +147,7 @@ def write_bundle(model, tokenizer, config, staging: Path, draft: DraftHead | Non
              "source": str(Path(config.source).resolve())}
     manifest = manifest.replace(tokenizer=tok, chat_template=template, extra=extra, calibration=calibration)
     if config.validate:
-        diffs = validate_bundle(model, staging, manifest, adapter, vocab_ids, streamed)
-        extra["validation_max_abs_diff"] = diffs
-        echo(f"validated against the PyTorch reference: max |logit difference| {max(diffs.values()):.2g}")
+        _validate(model, staging, manifest, adapter, vocab_ids, streamed, echo)
         mark("validating against the PyTorch reference")
     if not sealed:
         return manifest_io.write(staging, manifest)

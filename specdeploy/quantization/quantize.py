@@ -31,6 +31,7 @@ from ..bundle import manifest as manifest_io
 from ..errors import ConfigError, RowDependenceError, require
 from ..optimize import gqa_probe
 from ..runtime.memory_log import mark, recording
+from ..runtime.split_model import too_large
 from ..optimize.attention import fused_count
 from . import feeds as feeds_io
 from .compute import (FORMS as COMPUTE_FORMS, INT4_BLOCKS, ComputeOptions, quantize_embedding, quantize_graph,
@@ -286,7 +287,11 @@ def quantized_copy(source: Path, target: Path, options: QuantizeOptions,
     CPU tokens/s of plain and speculative decoding) is printed and stored in the manifest.
     """
     quantize_into(source, target, options, options.texts(), echo)
-    if options.report:
+    large = too_large(source, manifest_io.read(source)) if options.report else {}
+    if large:
+        echo(f"no quality report: the fp32 reference's {', '.join(f'{n} graph ({r})' for n, r in large.items())}; "
+             f"the row check and exit agreement above are the quantized graphs' own")
+    elif options.report:
         from . import quality
 
         held_out = [c[-1]["content"] for c in prompts.calibration_conversations(held_out=True)[:3]]

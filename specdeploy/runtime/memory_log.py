@@ -75,3 +75,15 @@ def recording():
         yield log
     finally:
         _current.reset(token)
+
+
+def available_bytes() -> int | None:
+    """The memory the kernel says is available now (MemAvailable), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None

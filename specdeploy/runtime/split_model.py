@@ -108,3 +108,27 @@ def graph_at_a_time(bundle, manifest: Manifest) -> dict:
     the quality report's reference) then never hold two graphs' weights. A stage closed and run
     again starts with empty KV buffers."""
     return {name: _LoadedWhenRun(bundle, manifest, name) for name in manifest.graphs}
+
+
+MEMORY_SHARE = 0.7  # of the memory available now that one graph's session may take
+
+
+def too_large(bundle, manifest: Manifest) -> dict[str, str]:
+    """Graphs whose weights ONNX Runtime could not hold here (it copies a graph's initializers into
+    its session: an 8B model's fp32 verify graph is ~21 GB), each with the reason; {} where the
+    available memory cannot be read (not Linux)."""
+    from pathlib import Path
+
+    from ..bundle.weights import graph_bytes
+    from .memory_log import available_bytes
+
+    available = available_bytes()
+    if available is None:
+        return {}
+    found = {}
+    for name, graph in manifest.graphs.items():
+        size = graph_bytes(Path(bundle) / graph.file)
+        if size > MEMORY_SHARE * available:
+            found[name] = (f"its weights ({size / 2**30:.1f} GiB) exceed {MEMORY_SHARE:.0%} of the memory "
+                           f"available here ({available / 2**30:.1f} GiB)")
+    return found

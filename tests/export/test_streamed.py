@@ -86,3 +86,31 @@ def test_a_checkpoint_missing_a_tensor_is_named(tmp_path):
     param = skeleton.get_parameter("model.layers.1.mlp.down_proj.weight")
     with pytest.raises(ModelSourceError, match="model.layers.1.mlp.down_proj.weight"):
         weights.parameter(param)
+
+
+def test_a_verify_graph_too_large_to_load_is_named_and_the_rest_still_validated(tmp_path, monkeypatch, capsys):
+    from specdeploy.bundle import manifest as manifest_io
+    from specdeploy.runtime import split_model
+
+    monkeypatch.setattr(split_model, "too_large", lambda bundle, manifest: {"verify": "it is too large (test)"})
+    from conftest import export_tiny
+
+    bundle = export_tiny("llama", tmp_path)
+    extra = manifest_io.read(bundle).extra
+    assert extra["validation_skipped"] == {"verify": "it is too large (test)"}
+    checked = set(extra["validation_max_abs_diff"])
+    assert {"prefill.draft_hidden", "draft0.logits", "rollback.draft_hidden"} <= checked
+    assert not any(name.endswith(("prefill.logits", "verify.logits")) for name in checked)
+    assert "the verify graph was not validated: it is too large (test)" in capsys.readouterr().out
+
+
+def test_graphs_larger_than_the_memory_available_are_found(tiny_bundle, monkeypatch):
+    from specdeploy.bundle import manifest as manifest_io
+    from specdeploy.runtime import memory_log, split_model
+
+    manifest = manifest_io.read(tiny_bundle)
+    monkeypatch.setattr(memory_log, "available_bytes", lambda: 1 << 40)
+    assert split_model.too_large(tiny_bundle, manifest) == {}
+    monkeypatch.setattr(memory_log, "available_bytes", lambda: 1024)
+    found = split_model.too_large(tiny_bundle, manifest)
+    assert set(found) == set(manifest.graphs) and "exceed 70% of the memory available here" in found["verify"]
