@@ -85,6 +85,18 @@ def export_tiny(arch: str, root: Path, exit_layer: int = 2, **options) -> Path:
 
 
 @pytest.fixture(scope="session")
+def checkpoint_script():
+    """scripts/make_checkpoint.py as a module (it is a script, not part of the package)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "make_checkpoint.py"
+    spec = importlib.util.spec_from_file_location("make_checkpoint", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
 def tiny_bundle(tmp_path_factory) -> Path:
     """An exported tiny Llama bundle (exit layer 2 of 4, context 128)."""
     return export_tiny("llama", tmp_path_factory.mktemp("tiny"))

@@ -1,20 +1,14 @@
 """scripts/make_checkpoint.py: edge-shaped checkpoints with random weights, written one chunk at a time."""
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def script():
-    spec = importlib.util.spec_from_file_location("make_checkpoint", ROOT / "scripts" / "make_checkpoint.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def script(checkpoint_script):
+    return checkpoint_script
 
 
 def test_the_shapes_are_the_models_own_sizes(script):

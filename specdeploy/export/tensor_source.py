@@ -44,18 +44,24 @@ class SafetensorsSource:
 
 
 class GgufSource:
-    """The tensors of a GGUF file under the names its Hugging Face model gives them."""
+    """The tensors of a GGUF file under the names its Hugging Face model gives them.
+
+    Only each tensor's place in the file is kept (the parsed metadata, a vocabulary's worth of small
+    objects, is dropped), and a tensor is mapped when asked and unmapped after: the file's pages do
+    not stay resident between reads."""
 
     def __init__(self, path: Path, skeleton):
         import gguf
         from transformers import modeling_gguf_pytorch_utils as hf_gguf
 
-        self._reader = gguf.GGUFReader(path)
-        arch = str(bytes(self._reader.fields["general.architecture"].parts[-1]), "utf-8")
+        reader = gguf.GGUFReader(path)
+        arch = str(bytes(reader.fields["general.architecture"].parts[-1]), "utf-8")
         config = hf_gguf.load_gguf_checkpoint(path, return_tensors=False).get("config", {})
+        self._path = Path(path)
         self._processor = hf_gguf.TENSOR_PROCESSORS.get(arch, hf_gguf.TensorProcessor)(config=config)
         self._mapping = hf_gguf.get_gguf_hf_weights_map(skeleton, self._processor)
-        self._tensors = {self._mapping[t.name]: t for t in self._reader.tensors if t.name in self._mapping}
+        self._tensors = {self._mapping[t.name]: (t.name, t.tensor_type, t.data_offset, t.data.shape, t.data.dtype)
+                         for t in reader.tensors if t.name in self._mapping}
 
     def names(self) -> set[str]:
         return set(self._tensors)
@@ -63,9 +69,11 @@ class GgufSource:
     def get(self, name: str) -> np.ndarray:
         from gguf import dequantize
 
-        tensor = self._tensors[name]
-        weights = dequantize(tensor.data, tensor.tensor_type)
-        result = self._processor.process(weights=weights, name=tensor.name, tensor_key_mapping=self._mapping,
+        gguf_name, kind, offset, shape, dtype = self._tensors[name]
+        data = np.memmap(self._path, dtype=dtype, mode="r", offset=offset, shape=shape)
+        weights = dequantize(data, kind)
+        del data
+        result = self._processor.process(weights=weights, name=gguf_name, tensor_key_mapping=self._mapping,
                                          parsed_parameters={"config": self._processor.config, "tensors": {}})
         return np.ascontiguousarray(result.weights, dtype=np.float32)
 

@@ -112,6 +112,13 @@ def _row_key(values: np.ndarray) -> bytes:
     return hashlib.blake2b(np.ascontiguousarray(values, np.float32).tobytes(), digest_size=16).digest()
 
 
+INDEX_ROWS = 4096  # rows decoded at a time while indexing
+# what rows of different types may be carried together in one weight (sibling weights are fused):
+# (bits carried, a float offset, the file's block)
+_FORMS = {"Q4_0": (4, False, 32), "Q4_1": (4, True, 32), "Q4_K": (4, True, 32), "Q5_0": (8, False, 32),
+          "Q8_0": (8, False, 32), "Q6_K": (8, False, 16)}
+
+
 class BlockIndex:
     """The GGUF rows of the types a precision carries, keyed by their dequantized float32 bytes.
 
@@ -121,18 +128,35 @@ class BlockIndex:
     """
 
     def __init__(self, tensors, kind: str):
-        self.rows = {}
+        self.rows: dict[bytes, tuple[int, int]] = {}   # row key -> (tensor, row)
+        self._tensors: list[tuple[np.ndarray, str]] = []  # (the file's raw rows, memory-mapped; type)
         self.add(tensors, kind)
 
     def add(self, tensors, kind: str) -> None:
-        bits = 8 if kind in _WIDE else 4
+        """Index every row of `tensors` (raw GGUF rows of type `kind`); only the keys are kept,
+        the rows are decoded again when carried (an 8B model's decoded blocks are 8 GB)."""
         for raw in tensors:
-            q, d, m = _DECODERS[kind](raw)
-            values = _values(q, d, m)
+            self._tensors.append((raw, kind))
+            for start in range(0, raw.shape[0], INDEX_ROWS):
+                values = _values(*_DECODERS[kind](raw[start : start + INDEX_ROWS]))      # [rows, K]
+                for r in range(values.shape[0]):
+                    self.rows[_row_key(values[r])] = (len(self._tensors) - 1, start + r)
+
+    def _decoded(self, found: list[tuple[int, int]]):
+        """(q, scales, offsets or None, bits) of the rows `found`, in order, in the symmetric form."""
+        parts = []
+        for tensor in dict.fromkeys(t for t, _ in found):
+            raw, kind = self._tensors[tensor]
+            q, d, m = _DECODERS[kind](raw[np.array([r for t, r in found if t == tensor])])
             if m is not None:
                 q, m = q - 8, m + np.float32(8) * d
-            for r in range(q.shape[0]):
-                self.rows[_row_key(values[r])] = (q[r], d[r], None if m is None else m[r], bits)
+            parts.append((q, d, m))
+        order = [t for t, _ in found]
+        if order != sorted(order, key=list(dict.fromkeys(order)).index):  # rows from tensors interleaved
+            return None
+        q, d = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+        m = None if parts[0][2] is None else np.concatenate([p[2] for p in parts])
+        return q, d, m, 8 if self._tensors[found[0][0]][1] in _WIDE else 4
 
     @classmethod
     def from_file(cls, path: Path, precision: str) -> "BlockIndex | None":
@@ -157,12 +181,12 @@ class BlockIndex:
         the file's (32; 16 for Q6_K).
         """
         found = [self.rows.get(_row_key(w[:, n])) for n in range(w.shape[1])]
-        if not found or any(f is None for f in found) or len({(f[3], f[2] is None, f[0].shape) for f in found}) > 1:
+        if not found or any(f is None for f in found) or len({_FORMS[self._tensors[t][1]] for t, _ in found}) > 1:
             return None
-        q = np.stack([f[0] for f in found])                       # [N, K/b, b], b the file's block
-        scales = np.stack([f[1] for f in found])                  # [N, K/b]
-        offsets = None if found[0][2] is None else np.stack([f[2] for f in found])  # [N, K/32]
-        bits = found[0][3]
+        decoded = self._decoded(found)
+        if decoded is None:
+            return None
+        q, scales, offsets, bits = decoded  # [N, K/b, b] (b the file's block), [N, K/b], [N, K/32] or None
         split = GGUF_BLOCK // block if bits == 4 else 1
         n, nb = scales.shape
         return Blocks(q.reshape(n, nb * split, -1), np.repeat(scales, split, axis=1), bits, offsets)

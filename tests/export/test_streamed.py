@@ -4,7 +4,7 @@ What the streamed export writes must be what `from_pretrained` loads, tensor for
 Hugging Face directory and from a GGUF (whose names and q/k layout transformers maps), and the
 reference that loads one layer at a time must compute what the loaded model computes.
 """
-import importlib.util
+
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +14,6 @@ import torch
 from conftest import EXAMPLE_GGUF, save_tiny_model, tiny_config
 from specdeploy.export import streamed
 from specdeploy.export.arch import load
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _same_weights(source: Path) -> None:
@@ -32,14 +30,6 @@ def _same_weights(source: Path) -> None:
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3_text"])
 def test_a_directorys_weights_are_what_from_pretrained_loads(tmp_path, arch):
     _same_weights(save_tiny_model(arch, tmp_path / arch))
-
-
-@pytest.fixture(scope="module")
-def checkpoint_script():
-    spec = importlib.util.spec_from_file_location("make_checkpoint", ROOT / "scripts" / "make_checkpoint.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize("shape", ["qwen2.5-0.5b", "llama3.1-8b"])  # qwen2 as stored; llama's q/k permuted
