@@ -13,8 +13,10 @@ not matter. Other types (Q5_1, Q2_K / Q3_K / Q5_K, ...) are re-quantized by the 
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -129,14 +131,16 @@ class BlockIndex:
 
     def __init__(self, tensors, kind: str):
         self.rows: dict[bytes, tuple[int, int]] = {}   # row key -> (tensor, row)
-        self._tensors: list[tuple[np.ndarray, str]] = []  # (the file's raw rows, memory-mapped; type)
+        self._tensors: list[tuple[Callable[[], np.ndarray], str]] = []  # (its raw rows when called; type)
         self.add(tensors, kind)
 
     def add(self, tensors, kind: str) -> None:
-        """Index every row of `tensors` (raw GGUF rows of type `kind`); only the keys are kept,
-        the rows are decoded again when carried (an 8B model's decoded blocks are 8 GB)."""
-        for raw in tensors:
-            self._tensors.append((raw, kind))
+        """Index every row of `tensors` (raw GGUF rows of type `kind`, or functions returning them:
+        a file's, mapped only while read); only the keys are kept, the rows are decoded again when
+        carried (an 8B model's decoded blocks are 8 GB)."""
+        for tensor in tensors:
+            self._tensors.append((tensor if callable(tensor) else (lambda t=tensor: t), kind))
+            raw = self._tensors[-1][0]()
             for start in range(0, raw.shape[0], INDEX_ROWS):
                 values = _values(*_DECODERS[kind](raw[start : start + INDEX_ROWS]))      # [rows, K]
                 for r in range(values.shape[0]):
@@ -147,7 +151,7 @@ class BlockIndex:
         parts = []
         for tensor in dict.fromkeys(t for t, _ in found):
             raw, kind = self._tensors[tensor]
-            q, d, m = _DECODERS[kind](raw[np.array([r for t, r in found if t == tensor])])
+            q, d, m = _DECODERS[kind](raw()[np.array([r for t, r in found if t == tensor])])
             if m is not None:
                 q, m = q - 8, m + np.float32(8) * d
             parts.append((q, d, m))
@@ -164,8 +168,10 @@ class BlockIndex:
 
         by_kind = {}
         for t in gguf.GGUFReader(str(path)).tensors:
-            if t.tensor_type.name in CARRIES[precision]:
-                by_kind.setdefault(t.tensor_type.name, []).append(t.data)
+            if t.tensor_type.name in CARRIES[precision]:  # mapped only while read: its pages do not stay resident
+                mapped = functools.partial(np.memmap, path, dtype=t.data.dtype, mode="r", offset=t.data_offset,
+                                           shape=t.data.shape)
+                by_kind.setdefault(t.tensor_type.name, []).append(mapped)
         index = None
         for kind, tensors in by_kind.items():
             if index is None:
