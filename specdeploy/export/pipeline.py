@@ -139,8 +139,11 @@ def _export(config: ExportConfig, echo, calibration) -> Path:
 def _load(config: ExportConfig):
     """(model, tokenizer, streamed): a skeleton whose weights are read a tensor at a time
     (streamed.py) unless calibration runs the model, or the source is not a GGUF or safetensors."""
+    from .arch import check_supported
+    from .inputs import check_source
     from .streamed import load_skeleton, streamable
 
+    check_source(config.source, check_supported)  # a bad file is named before either path reads it
     if not config.needs_calibration and streamable(config.source):
         return load_skeleton(config.source)
     from .arch import load

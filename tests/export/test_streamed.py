@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import EXAMPLE_GGUF, save_tiny_model, tiny_config
+from conftest import EXAMPLE_GGUF, export_tiny, save_tiny_model, tiny_config
 from specdeploy.export import streamed
 from specdeploy.export.arch import load
 
@@ -83,8 +83,6 @@ def test_a_verify_graph_too_large_to_load_is_named_and_the_rest_still_validated(
     from specdeploy.runtime import split_model
 
     monkeypatch.setattr(split_model, "too_large", lambda bundle, manifest: {"verify": "it is too large (test)"})
-    from conftest import export_tiny
-
     bundle = export_tiny("llama", tmp_path)
     extra = manifest_io.read(bundle).extra
     assert extra["validation_skipped"] == {"verify": "it is too large (test)"}
