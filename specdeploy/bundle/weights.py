@@ -33,9 +33,7 @@ def share(graphs: dict[str, Path], out_dir: Path, weights_file: str) -> dict[str
     """
     import onnx
 
-    offsets: dict[str, tuple[int, int]] = {}
-    written = referenced = 0
-    with open(out_dir / weights_file, "wb") as blob:
+    with SharedFile(out_dir / weights_file) as blob:
         for name, src in graphs.items():
             model = onnx.load(str(src), load_external_data=False)
             for tensor in _external_tensors(model):
@@ -44,18 +42,40 @@ def share(graphs: dict[str, Path], out_dir: Path, weights_file: str) -> dict[str
                     if tensor.data_location == onnx.TensorProto.EXTERNAL:  # a small one kept inside
                         _inline(tensor, data)
                     continue
-                referenced += len(data)
-                digest = hashlib.sha256(data).hexdigest() + str(tensor.data_type)
-                if digest not in offsets:
-                    pad = (-blob.tell()) % ALIGNMENT
-                    blob.write(b"\0" * pad)
-                    offsets[digest] = (blob.tell(), len(data))
-                    blob.write(data)
-                    written += len(data)
-                _point(tensor, weights_file, *offsets[digest])
+                point(tensor, weights_file, *blob.add(data, tensor.data_type))
                 del data
             onnx.save(model, str(out_dir / f"{name}.onnx"))
-    return {"written": written, "referenced": referenced}
+    return blob.sizes()
+
+
+class SharedFile:
+    """The shared weights file being written: each distinct tensor's bytes once (by content and
+    type), at an ALIGNMENT boundary; `add` returns where a tensor's bytes are."""
+
+    def __init__(self, path: Path):
+        self._file = open(path, "wb")
+        self._offsets: dict[str, tuple[int, int]] = {}
+        self.written = self.referenced = 0
+
+    def add(self, data, data_type: int) -> tuple[int, int]:
+        """(offset, length) of `data` (a buffer of raw bytes) in the file, written if not yet there."""
+        self.referenced += len(data)
+        digest = hashlib.sha256(data).hexdigest() + str(data_type)
+        if digest not in self._offsets:
+            self._file.write(b"\0" * ((-self._file.tell()) % ALIGNMENT))
+            self._offsets[digest] = (self._file.tell(), len(data))
+            self._file.write(data)
+            self.written += len(data)
+        return self._offsets[digest]
+
+    def sizes(self) -> dict[str, int]:
+        return {"written": self.written, "referenced": self.referenced}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._file.close()
 
 
 def _bytes(tensor, base: Path) -> memoryview:
@@ -83,7 +103,7 @@ def _inline(tensor, data) -> None:
     tensor.raw_data = bytes(data)
 
 
-def _point(tensor, weights_file: str, offset: int, length: int) -> None:
+def point(tensor, weights_file: str, offset: int, length: int) -> None:
     """`tensor`'s data becomes bytes [offset, offset + length) of `weights_file`."""
     import onnx
 

@@ -14,7 +14,6 @@ Peak memory is then the largest tensor (the embedding) plus one layer, not the m
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -159,17 +158,15 @@ def _generation_config(transformers, directory: Path, kwargs: dict, config):
 
 def write_weights(graphs: dict, values: dict, out_dir: Path, weights_file: str) -> dict[str, int]:
     """Add each traced graph's initializers (`graphs`: name -> (saved graph, its initializer specs);
-    `values`: name -> {initializer: values()}) to it, the large ones in one deduplicated, aligned
-    weights file (bundle/weights.py's layout), one tensor in memory at a time; returns byte counts
-    as `weights.share` does."""
+    `values`: name -> {initializer: values()}) to it, the large ones in the shared weights file
+    (bundle/weights.SharedFile), one tensor in memory at a time; returns byte counts as
+    `weights.share` does."""
     import onnx
     from onnx import numpy_helper
 
-    from ..bundle.weights import ALIGNMENT, INLINE_LIMIT
+    from ..bundle.weights import INLINE_LIMIT, SharedFile, point
 
-    offsets: dict[str, tuple[int, int]] = {}
-    written = referenced = 0
-    with open(out_dir / weights_file, "wb") as blob:
+    with SharedFile(out_dir / weights_file) as blob:
         for name, (path, specs) in graphs.items():
             model = onnx.load(str(path))
             for init, (dims, dtype) in specs.items():
@@ -178,23 +175,14 @@ def write_weights(graphs: dict, values: dict, out_dir: Path, weights_file: str) 
                     model.graph.initializer.append(numpy_helper.from_array(array, init))
                     continue
                 # hashed and written from the array's own buffer: no copy of a large tensor is made
-                data = memoryview(np.ascontiguousarray(array)).cast("B")
                 tensor = onnx.TensorProto(name=init, dims=array.shape,
                                           data_type=onnx.helper.np_dtype_to_tensor_dtype(array.dtype))
-                referenced += len(data)
-                digest = hashlib.sha256(data).hexdigest() + str(tensor.data_type)
-                if digest not in offsets:
-                    blob.write(b"\0" * ((-blob.tell()) % ALIGNMENT))
-                    offsets[digest] = (blob.tell(), len(data))
-                    blob.write(data)
-                    written += len(data)
-                tensor.data_location = onnx.TensorProto.EXTERNAL
-                for key, value in zip(("location", "offset", "length"), (weights_file, *offsets[digest])):
-                    tensor.external_data.add(key=key, value=str(value))
+                data = memoryview(np.ascontiguousarray(array)).cast("B")
+                point(tensor, weights_file, *blob.add(data, tensor.data_type))
                 model.graph.initializer.append(tensor)
                 del array, data
             onnx.save(model, str(out_dir / f"{name}.onnx"))
-    return {"written": written, "referenced": referenced}
+    return blob.sizes()
 
 
 def _checked(values: dict, name: str, dims: tuple, dtype) -> np.ndarray:
