@@ -3,9 +3,10 @@ default decoding interleaved, and a long prompt's peak with chunked prefill, in 
 
     python scripts/edge_runtime.py BUNDLE [--prompt-tokens 2000] [--new-tokens 64] [--repeats 2]
 
-Resident memory is the process's (VmRSS / VmHWM), the weight bytes the bundle's shared weights
-file. The long prompt is the bench's prose repeated to the length asked (token ids, so the figure
-does not depend on the tokenizer), run last so its peak is its own.
+Resident memory is the process's (VmRSS / VmHWM, the peak reset after each phase where Linux allows
+it, so each phase's peak is its own), the weight bytes the bundle's shared weights file. The long
+prompt is the bench's prose repeated to the length asked (token ids, so the figure does not depend
+on the tokenizer), run last.
 """
 from __future__ import annotations
 
@@ -19,6 +20,19 @@ from pathlib import Path
 def _status(key: str) -> float:
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) / 1024 for line in f if line.startswith(key + ":"))
+
+
+def _reset_peak() -> None:
+    """VmHWM starts again from the current VmRSS (Linux >= 4.0); elsewhere the peak stays cumulative."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def _resident() -> str:
+    return f"anonymous {_status('RssAnon'):,.0f} MB, file-backed {_status('RssFile'):,.0f} MB"
 
 
 def _decode(engine, ids: list[int], config, repeats: int) -> float:
@@ -49,7 +63,8 @@ def main() -> int:
     with Engine(args.bundle) as engine:
         load_s, loaded = time.perf_counter() - start, _status("VmRSS")
         print(f"load: {load_s:.1f} s, resident {loaded:,.0f} MB = {loaded / weights:.2f}x the weights "
-              f"({weights:,.0f} MB)")
+              f"({weights:,.0f} MB; {_resident()}), peak while loading {_status('VmHWM'):,.0f} MB")
+        _reset_peak()
         ids = encode(engine, BENCH_PROMPTS["chat"][0])
         modes = {"plain": GenerationConfig(max_new_tokens=args.new_tokens, speculative=False, ignore_eos=True),
                  "default": GenerationConfig(max_new_tokens=args.new_tokens, ignore_eos=True)}
@@ -60,7 +75,8 @@ def main() -> int:
         decoding = _status("VmHWM")
         print(f"decoding: plain {speed['plain']:.1f} tok/s, default {speed['default']:.1f} tok/s "
               f"({speed['default'] / speed['plain']:.2f}x); peak resident {decoding:,.0f} MB = "
-              f"{decoding / weights:.2f}x the weights")
+              f"{decoding / weights:.2f}x the weights ({_resident()} after)")
+        _reset_peak()
         prose = [t for text in PASSAGES for t in encode(engine, text)]
         length = min(args.prompt_tokens, engine.manifest.max_context - 8)
         long_ids = (prose * (length // len(prose) + 1))[:length]

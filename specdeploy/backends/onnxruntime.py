@@ -196,8 +196,10 @@ def load_stages(bundle: Path, manifest: Manifest, provider: str | None = None, t
                 f"ONNX Runtime {ort.__version__} cannot load {path.name}: {str(exc).splitlines()[0]}; "
                 f"re-export the bundle with this version of specdeploy"
             ) from exc
-        trim_heap()  # before the next session's load peaks on top of what this one freed
+        # before the next session's load peaks on top of what this one freed or packed: the heap's
+        # free pages, and the weights file's pages this session read (its kernels hold packed copies)
+        trim_heap()
+        page_out(bundle)
         stages[name] = OrtStage(name, session, graph, allocate_kv(manifest, graph.layers, device))
-    page_out(bundle)  # every session has packed its weights: the file's copies need not stay resident
     collapse_new(before)  # what the sessions packed, on 2 MB pages (residency.py)
     return stages
