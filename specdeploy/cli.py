@@ -162,6 +162,30 @@ def calibrate(model, exit_layer, num_draft_tokens, max_context, output, prompts_
     click.echo(f"calibrated bundle written to {run_export(config, echo=click.echo)}")
 
 
+@main.command("train-head")
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--data", required=True, type=click.Path(path_type=Path),
+              help="Conversations, JSONL: {\"messages\": [...]} (OpenAI), {\"conversations\": [...]} (ShareGPT) or {\"text\": ...}.")
+@click.option("--output", "-o", required=True, type=click.Path(path_type=Path), help="Directory for the head (EAGLE-3 format).")
+@click.option("--tokens", default=300_000, show_default=True, help="Training positions (the model teacher-forced over them).")
+@click.option("--steps", default=3000, show_default=True, help="Optimizer steps (8 windows of 256 positions each).")
+@click.option("--draft-vocab", default=8192, show_default=True, help="Rows of the head's LM head (the likeliest tokens).")
+@click.option("--intermediate-size", type=int, default=None, help="The head's MLP width (default: the model's).")
+@click.option("--held-out", default=32, show_default=True, help="Conversations kept out of training to measure acceptance.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+def train_head_command(model, data, output, tokens, steps, draft_vocab, intermediate_size, held_out, device):
+    """Train an EAGLE-style feature head for MODEL (a Hugging Face directory or .gguf) by distillation.
+
+    Resumable: the model's features are cached, training checkpoints as it goes."""
+    from .feature_head.pipeline import TrainConfig, TrainHeadConfig, train_head
+
+    config = TrainHeadConfig(source=model, data=data, output=output, tokens=tokens, draft_vocab_size=draft_vocab,
+                             intermediate_size=intermediate_size, train=TrainConfig(steps=steps),
+                             held_out=held_out, device=device)
+    path, measured = train_head(config, echo=click.echo)
+    click.echo(f"head written to {path}; {measured.line()}")
+
+
 @main.command()
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.argument("prompt")

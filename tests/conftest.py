@@ -84,6 +84,42 @@ def export_tiny(arch: str, root: Path, exit_layer: int = 2, **options) -> Path:
     return export(config)
 
 
+HEAD_SHAPE = dict(hidden_size=32, target_hidden_size=32, intermediate_size=48, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=8, vocab_size=VOCAB, draft_vocab_size=40,
+                  feature_layers=(2, 3, 5), target_num_layers=8, rope_theta=500000.0)
+
+
+@pytest.fixture
+def head_config():
+    """A small feature head's shape (feature_head/config.py)."""
+    from specdeploy.feature_head.config import HeadConfig
+
+    return HeadConfig(**HEAD_SHAPE)
+
+
+@pytest.fixture
+def head_tensors(head_config) -> dict:
+    """Random tensors of that head in the EAGLE-3 layout, over a random draft vocabulary."""
+    import numpy as np
+
+    from specdeploy.feature_head import eagle3
+
+    rng = np.random.default_rng(0)
+    out = {k: rng.standard_normal(s).astype(np.float32) for k, s in eagle3.shapes(head_config).items()
+           if k not in ("d2t", "t2d")}
+    ids = np.sort(rng.choice(head_config.vocab_size, head_config.draft_vocab_size, replace=False))
+    out["d2t"], out["t2d"] = eagle3.vocab_maps(ids, head_config.vocab_size)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model_and_tokenizer(tmp_path_factory):
+    """The tiny random Llama and its word-level tokenizer, loaded as export loads a model."""
+    from specdeploy.export.arch import load
+
+    return load(save_tiny_model("llama", tmp_path_factory.mktemp("tiny-hf") / "llama-model"))
+
+
 @pytest.fixture(scope="session")
 def checkpoint_script():
     """scripts/make_checkpoint.py as a module (it is a script, not part of the package)."""

@@ -1,0 +1,163 @@
+"""`specdeploy train-head`: conversations in, an EAGLE-3 head out, its acceptance measured.
+
+The target's features and distributions over the training text are computed once and cached under
+a fingerprint of the model file, the text and the settings; training checkpoints beside them, so
+an interrupted run resumes where it stopped. Acceptance is replayed over the target's own greedy
+replies to held-out conversations (never trained on).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from ..errors import ConfigError, require
+from . import eagle3
+from .config import HeadConfig
+from .data import FeatureConfig, Features, fingerprint, read_conversations, render, teacher_force
+from .evaluate import Acceptance
+from .train import TrainConfig
+
+
+@dataclass(frozen=True)
+class TrainHeadConfig:
+    source: Path                    # the target: a Hugging Face directory or a .gguf file
+    data: Path                      # conversations, JSONL
+    output: Path                    # the head, in the EAGLE-3 format
+    tokens: int = 300_000           # training positions (the target teacher-forced over them)
+    draft_vocab_size: int = 8192
+    intermediate_size: int | None = None   # the head's MLP width (default: the target's)
+    train: TrainConfig = TrainConfig()
+    held_out: int = 32              # conversations kept out of training, to measure acceptance on
+    reply_tokens: int = 64          # the target's greedy reply to each held-out prompt
+    gamma: int = 4
+    device: str = "cpu"
+
+    def __post_init__(self):
+        if not Path(self.data).is_file():
+            raise ConfigError(f"--data {self.data} does not exist; give a JSONL file of conversations")
+        if self.tokens < 1000 or self.draft_vocab_size < 2 or self.held_out < 1:
+            raise ConfigError("--tokens must be >= 1000, --draft-vocab >= 2 and --held-out >= 1")
+        if self.device not in ("cpu", "cuda"):
+            raise ConfigError(f"--device {self.device}: pick cpu or cuda")
+
+
+def cache_dir() -> Path:
+    from ..calibration.data import cache_dir as root
+
+    return root() / "feature_head"
+
+
+def _features(model, tokenizer, config: TrainHeadConfig, texts: list[str], layers, echo) -> Features:
+    settings = FeatureConfig(tuple(layers), max_total_tokens=config.tokens)
+    path = cache_dir() / f"features-{fingerprint(config.source, texts, settings)}.npz"
+    if path.is_file():
+        echo(f"target features: cached ({path})")
+        return Features.load(path)
+    progress = Progress(config.tokens, "teacher-forcing the target", echo)
+    features = teacher_force(model, tokenizer, texts, settings, progress)
+    features.save(path)
+    return features
+
+
+def _replies(model, tokenizer, prompts: list[list[dict] | str], tokens: int, layers, echo) -> tuple[Features, np.ndarray]:
+    """The target's greedy replies to held-out prompts, teacher-forced; [N] True where a round may start."""
+    import torch
+
+    texts, first = [], []
+    for prompt in prompts:
+        turn = prompt[:1] if isinstance(prompt, list) else [{"role": "user", "content": prompt[:2000]}]
+        text = (tokenizer.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
+                if getattr(tokenizer, "chat_template", None) else turn[0]["content"])
+        ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"][:, -384:]
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=tokens, do_sample=False, pad_token_id=tokenizer.eos_token_id)
+        texts.append(out[0].tolist())
+        first.append(ids.shape[1] - 1)
+    features = teacher_force(model, tokenizer, texts, FeatureConfig(tuple(layers), max_tokens=10**6))
+    scored = np.zeros(len(features), bool)
+    for segment, start in enumerate(first):
+        index = np.flatnonzero(features.segment == segment)
+        scored[index[start:]] = True
+    echo(f"held-out replies: {len(prompts)} prompts, {int(scored.sum())} greedy positions")
+    return features, scored
+
+
+class Progress:
+    """One line per tenth of the work, with the rate and an ETA (a log-friendly progress bar)."""
+
+    def __init__(self, total: int, what: str, echo):
+        self.total, self.what, self.echo, self.done, self.next = total, what, echo, 0, total / 10
+        self.start = time.perf_counter()
+
+    def __call__(self, n: int) -> None:
+        self.done += n
+        if self.done >= self.next or self.done >= self.total:
+            rate = self.done / (time.perf_counter() - self.start)
+            left = max(0.0, (self.total - self.done) / max(rate, 1e-9))
+            self.echo(f"{self.what}: {min(self.done, self.total):,}/{self.total:,}, {rate:,.0f}/s, ETA {left / 60:.1f} min")
+            self.next += self.total / 10
+
+
+def new_head(model, config: TrainHeadConfig, features: Features):
+    """A head shaped after the target, its LM head and final norm started from the target's own
+    (rows of the draft vocabulary), the rest random as EAGLE starts it."""
+    import torch
+
+    from ..calibration.vocab import choose
+    from ..calibration.data import Activations
+    from .model import FeatureHead
+
+    target = model.config
+    vocab = choose(Activations({}, features.teacher_ids, features.teacher_probs.astype(np.float32),
+                               features.segment), target.vocab_size, config.draft_vocab_size)
+    head_config = HeadConfig.for_target(target, draft_vocab_size=len(vocab))
+    if config.intermediate_size:
+        head_config = HeadConfig(**{**asdict(head_config), "intermediate_size": config.intermediate_size})
+    head = FeatureHead(head_config)
+    d2t, t2d = eagle3.vocab_maps(vocab, target.vocab_size)
+    with torch.no_grad():
+        head.d2t.copy_(torch.from_numpy(d2t))
+        head.t2d.copy_(torch.from_numpy(t2d))
+        head.lm_head.weight.copy_(model.lm_head.weight[torch.from_numpy(vocab)])
+        head.norm.weight.copy_(model.model.norm.weight)
+    return head
+
+
+def train_head(config: TrainHeadConfig, echo: Callable[[str], None] = print) -> tuple[Path, Acceptance]:
+    torch = require("torch", "export", "training a feature head")
+    from ..export.arch import load
+    from .evaluate import acceptance
+    from .train import train
+
+    model, tokenizer = load(config.source)
+    conversations = read_conversations(config.data)
+    if len(conversations) <= config.held_out:
+        raise ConfigError(f"{config.data} has {len(conversations)} conversations; training needs more than "
+                          f"--held-out {config.held_out}")
+    held, rest = conversations[: config.held_out], conversations[config.held_out:]
+    layers = HeadConfig.for_target(model.config).feature_layers
+    features = _features(model, tokenizer, config, [render(tokenizer, c) for c in rest], layers, echo)
+    head = new_head(model, config, features)
+    embed = torch.nn.Embedding.from_pretrained(model.get_input_embeddings().weight.detach().clone())
+    echo(f"head: {sum(p.numel() for p in head.parameters()) / 1e6:.1f}M parameters, draft vocabulary "
+         f"{head.config.draft_vocab_size}, features from layers {list(layers)}; {len(features):,} positions")
+    settings = [str(Path(config.data).resolve()), len(features), asdict(config.train), config.draft_vocab_size,
+                config.intermediate_size]
+    checkpoint = cache_dir() / f"train-{fingerprint(config.source, settings, FeatureConfig(layers))}.pt"
+
+    def report(step, loss, agreement, eta):
+        if step % max(1, config.train.steps // 20) == 0 or step == config.train.steps:
+            agree = " ".join(f"{a:.2f}" for a in agreement)
+            echo(f"step {step}/{config.train.steps}: loss {loss:.3f}, agreement per step {agree}, ETA {eta / 60:.1f} min")
+
+    head = train(head.to(config.device), embed.to(config.device), features, config.train, checkpoint, report)
+    tensors = {k: v.detach().cpu().numpy() for k, v in head.state_dict().items()}
+    eagle3.write(config.output, head.config, tensors)
+    replies, scored = _replies(model, tokenizer, held, config.reply_tokens, layers, echo)
+    measured = acceptance(head.cpu(), embed.cpu(), replies, config.gamma, scored)
+    echo(f"held-out: {measured.line()}")
+    return Path(config.output), measured
