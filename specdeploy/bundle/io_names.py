@@ -61,10 +61,31 @@ def kv_aliases(layers: range) -> dict[str, str]:
     return dict(zip(kv_outputs(layers), kv_inputs(layers)))
 
 
-def decoder_io(first_input: str, layers: range) -> tuple[list[str], list[str]]:
+def feature(layer: int) -> str:
+    """float [1, seq, hidden]: the residual stream entering `layer`, for a feature head."""
+    return f"feature.{layer}"
+
+
+def graph_features(feature_layers, first: int, last: int) -> tuple[int, ...]:
+    """The feature layers a graph running layers [first, last) outputs as `feature.j`: those whose
+    input it computes (the draft graph's own input, layer 0's, is the embedding); the input of
+    `last` is its hidden_out and the verify graph's input is the draft graph's hidden_out."""
+    return tuple(j for j in feature_layers if first <= j < last and not (first > 0 and j == first))
+
+
+def feature_output(layer: int, exit_layer: int, num_layers: int) -> tuple[str, str]:
+    """(graph, output name) a feature layer is read from."""
+    if layer == exit_layer:
+        return DRAFT, HIDDEN_OUT
+    if layer == num_layers:
+        return VERIFY, HIDDEN_OUT
+    return (DRAFT if layer < exit_layer else VERIFY), feature(layer)
+
+
+def decoder_io(first_input: str, layers: range, features: tuple[int, ...] = ()) -> tuple[list[str], list[str]]:
     """I/O names of a graph that runs decoder layers over the shared KV buffers."""
     inputs = [first_input, POSITION_IDS, WRITE_INDEX, ATTENTION_MASK, *kv_inputs(layers)]
-    outputs = [HIDDEN_OUT, *kv_outputs(layers)]
+    outputs = [HIDDEN_OUT, *(feature(j) for j in features), *kv_outputs(layers)]
     return inputs, outputs
 
 
@@ -76,7 +97,7 @@ def dynamic_axes(name: str) -> dict[int, str]:
     """Dynamic axes of a tensor by name (KV buffers are fully static)."""
     if name in (INPUT_IDS, POSITION_IDS):
         return {1: SEQ}
-    if name in (HIDDEN_IN, HIDDEN_OUT, LOGITS):
+    if name in (HIDDEN_IN, HIDDEN_OUT, LOGITS) or name.startswith("feature."):
         return {1: SEQ}
     if name == ATTENTION_MASK:
         return {1: TOTAL}

@@ -92,21 +92,25 @@ def _decoder_shapes(first_name: str, kv_count: int) -> dict:
     }
 
 
-def export_draft(model, exit_layer: int, max_context: int, path: Path, opset: int = OPSET) -> Traced:
+def export_draft(model, exit_layer: int, max_context: int, path: Path, opset: int = OPSET,
+                 features: tuple[int, ...] = ()) -> Traced:
     layers = range(0, exit_layer)
     kv = sample_kv(model, layers, max_context)
     args = _decoder_args(torch.tensor([[1, 2, 3]]), 3, 2, kv)
-    names = io_names.decoder_io(io_names.INPUT_IDS, layers)
-    return _export(DraftModule(model, exit_layer), args, names, path, _decoder_shapes("input_ids", len(kv)), opset)
+    names = io_names.decoder_io(io_names.INPUT_IDS, layers, features)
+    return _export(DraftModule(model, exit_layer, features), args, names, path,
+                   _decoder_shapes("input_ids", len(kv)), opset)
 
 
-def export_verify(model, exit_layer: int, max_context: int, path: Path, opset: int = OPSET) -> Traced:
+def export_verify(model, exit_layer: int, max_context: int, path: Path, opset: int = OPSET,
+                  features: tuple[int, ...] = ()) -> Traced:
     layers = range(exit_layer, model.config.num_hidden_layers)
     kv = sample_kv(model, layers, max_context)
     hidden = torch.randn(1, 3, model.config.hidden_size)
     args = _decoder_args(hidden, 3, 2, kv)
-    names = io_names.decoder_io(io_names.HIDDEN_IN, layers)
-    return _export(VerifyModule(model, exit_layer), args, names, path, _decoder_shapes("hidden_in", len(kv)), opset)
+    names = io_names.decoder_io(io_names.HIDDEN_IN, layers, features)
+    return _export(VerifyModule(model, exit_layer, features), args, names, path,
+                   _decoder_shapes("hidden_in", len(kv)), opset)
 
 
 def export_head(model, path: Path, adapter=None, vocab_ids=None, opset: int = OPSET) -> Traced:

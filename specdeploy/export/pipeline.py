@@ -41,6 +41,7 @@ class ExportConfig:
     validate: bool = True
     backend: str = DEFAULT_BACKEND                 # "tensorrt": also build engines on this machine
     opset: int = DEFAULT_OPSET                     # 23: ScatterND KV writes, for ONNX Runtime < 1.25
+    feature_layers: tuple[int, ...] = ()           # layers whose input the graphs also output (a feature head's)
 
     def __post_init__(self):
         object.__setattr__(self, "source", Path(self.source))
@@ -56,6 +57,7 @@ class ExportConfig:
             raise ConfigError(f"max_context={self.max_context} must be in {low}..{high}")
         check_source(self.draft_source)
         object.__setattr__(self, "lookup_ngram", check_ngram(self.lookup_ngram))
+        object.__setattr__(self, "feature_layers", tuple(sorted(set(self.feature_layers))))
         for p in (self.precision, self.draft_precision, self.verify_precision):
             if p is not None:
                 check_precision(p)
@@ -83,6 +85,10 @@ class ExportConfig:
             raise ConfigError(
                 f"exit_layer={self.exit_layer} must be < num_layers={num_layers}; pick 1..{num_layers - 1}"
             )
+        wrong = [j for j in self.feature_layers if not 0 <= j <= num_layers]
+        if wrong:
+            raise ConfigError(f"feature layers {wrong} are not layer inputs of this model; pick 0..{num_layers} "
+                              f"(j is the input of layer j; {num_layers} is the final hidden state)")
 
 
 def export(config: ExportConfig, echo: Callable[[str], None] = print, calibration=None) -> Path:

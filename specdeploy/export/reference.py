@@ -27,8 +27,10 @@ class TorchStage:
             first, tensors[io_names.POSITION_IDS], tensors[io_names.WRITE_INDEX],
             tensors[io_names.ATTENTION_MASK], self.kv,
         )
-        self.kv = list(outputs[1:])
-        return {io_names.HIDDEN_OUT: outputs[0].numpy()}
+        features = getattr(self.module, "features", ())
+        self.kv = list(outputs[1 + len(features):])
+        out = {io_names.feature(j): f.numpy() for j, f in zip(features, outputs[1:])}
+        return {io_names.HIDDEN_OUT: outputs[0].numpy(), **out}
 
     def kv_buffer(self, name: str):
         names = io_names.kv_inputs(self.layers)
@@ -41,12 +43,12 @@ class TorchStage:
 def reference_stages(model, manifest: Manifest, adapter=None, vocab_ids=None) -> dict:
     from .split import DraftModule, HeadModule, VerifyModule
 
-    k, shape = manifest.exit_layer, manifest.kv_shape
+    k, shape, num_layers = manifest.exit_layer, manifest.kv_shape, manifest.model.num_layers
+    draft = io_names.graph_features(manifest.feature_layers, 0, k)
+    verify = io_names.graph_features(manifest.feature_layers, k, num_layers)
     stages = {
-        io_names.DRAFT: TorchStage("draft", DraftModule(model, k), range(0, k), shape),
-        io_names.VERIFY: TorchStage(
-            "verify", VerifyModule(model, k), range(k, manifest.model.num_layers), shape
-        ),
+        io_names.DRAFT: TorchStage("draft", DraftModule(model, k, draft), range(0, k), shape),
+        io_names.VERIFY: TorchStage("verify", VerifyModule(model, k, verify), range(k, num_layers), shape),
         io_names.HEAD: TorchStage("head", HeadModule(model), range(0), shape),
     }
     if io_names.DRAFT_HEAD in manifest.graphs:

@@ -196,9 +196,10 @@ def _rotary_by_type(inner, hidden, position_ids, types) -> dict:
 
 
 class _LayerRange(torch.nn.Module):
-    def __init__(self, model, first: int, last: int):
+    def __init__(self, model, first: int, last: int, features: tuple[int, ...] = ()):
         super().__init__()
         self.model, self.first, self.last = model, first, last
+        self.features = features  # layers whose input is also an output (io_names.graph_features)
         model.config._attn_implementation = ATTN_IMPLEMENTATION
         fuse_rms_norms(model)
 
@@ -211,21 +212,25 @@ class _LayerRange(torch.nn.Module):
         masks = {t: causal_mask(write_index, hidden.shape[1], attention_mask,
                                 window if t == "sliding_attention" else None) for t in set(types)}
         rotary = _rotary_by_type(inner, hidden, position_ids, types)
-        for layer, kind in zip(inner.layers[self.first : self.last], types):
+        features = []
+        for index, (layer, kind) in enumerate(zip(inner.layers[self.first : self.last], types), self.first):
+            if index in self.features:
+                features.append(hidden)
             hidden = layer(
                 hidden, attention_mask=masks[kind], position_ids=position_ids, cache=cache,
                 position_embeddings=rotary[kind],
             )
             if isinstance(hidden, tuple):
                 hidden = hidden[0]
-        return (hidden, *cache.keys, *cache.values)
+        return (hidden, *features, *cache.keys, *cache.values)
 
 
 class DraftModule(_LayerRange):
-    """Embeddings + layers [0, k): returns h_k for every row and the updated shallow KV."""
+    """Embeddings + layers [0, k): returns h_k for every row (and the inputs of `features`, for a
+    feature head) and the updated shallow KV."""
 
-    def __init__(self, model, exit_layer: int):
-        super().__init__(model, 0, exit_layer)
+    def __init__(self, model, exit_layer: int, features: tuple[int, ...] = ()):
+        super().__init__(model, 0, exit_layer, features)
 
     def forward(self, input_ids, position_ids, write_index, attention_mask, past: list):
         hidden = self.model.model.embed_tokens(input_ids)  # [1, S, H] (Gemma scales inside)
@@ -236,8 +241,8 @@ class DraftModule(_LayerRange):
 class VerifyModule(_LayerRange):
     """Layers [k, L) from cached h_k rows: returns the final (pre-norm) hidden rows and deep KV."""
 
-    def __init__(self, model, exit_layer: int):
-        super().__init__(model, exit_layer, model.config.num_hidden_layers)
+    def __init__(self, model, exit_layer: int, features: tuple[int, ...] = ()):
+        super().__init__(model, exit_layer, model.config.num_hidden_layers, features)
 
     def forward(self, hidden_in, position_ids, write_index, attention_mask, past: list):
         return self.run_layers(hidden_in, position_ids, write_index, attention_mask, past)

@@ -24,20 +24,28 @@ def _schedule(model: SplitModel, prompt: list[int], drafts: list[int],
     `verify=False`: the draft graph's and heads' outputs only (a verify graph too large to load)."""
     p = len(prompt)
     hidden = model.draft_pass(prompt, 0).copy()
+    features = _features(model, io_names.DRAFT)
     rows = [model.draft_pass([token], p + i).copy()[0] for i, token in enumerate(drafts)]
     # rollback: keep one draft, redo the rest with other tokens over the stale rows
     redo = model.draft_pass(drafts[::-1][:2], p + 1).copy()
     model.draft_stage.close()
-    out = [("prefill.draft_hidden", hidden)]
+    out = [("prefill.draft_hidden", hidden), *features]
     out += [(f"draft{i}.logits", model.draft_logits(row[None]).copy()) for i, row in enumerate(rows)]
     out += [("rollback.draft_hidden", redo)]
     if not verify:
         return out
-    finals = [model.verify_pass(hidden, 0)[-1:].copy(), model.verify_pass(np.stack(rows), p).copy(),
-              model.verify_pass(redo, p + 1).copy()]
+    finals = [model.verify_pass(hidden, 0)[-1:].copy()]
+    features = _features(model, io_names.VERIFY)
+    finals += [model.verify_pass(np.stack(rows), p).copy(), model.verify_pass(redo, p + 1).copy()]
     model.verify_stage.close()
-    return out + [("prefill.logits", model.logits(finals[0]).copy()), ("verify.logits", model.logits(finals[1]).copy()),
+    return out + features + [("prefill.logits", model.logits(finals[0]).copy()), ("verify.logits", model.logits(finals[1]).copy()),
                   ("rollback.logits", model.logits(finals[2]).copy())]
+
+
+def _features(model: SplitModel, graph: str) -> list[tuple[str, np.ndarray]]:
+    """The feature outputs (for a feature head) of `graph`'s last pass, copied."""
+    return [(f"prefill.{name}", value.copy()) for name, value in sorted(model.outputs[graph].items())
+            if name.startswith("feature.")]
 
 
 def compare(exported: SplitModel, reference: SplitModel, precision: str = "fp32",

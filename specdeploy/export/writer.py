@@ -17,11 +17,12 @@ from ..runtime.memory_log import mark
 from ..runtime.seal import seal
 
 
-def decoder_graphs(k: int, num_layers: int) -> dict[str, GraphInfo]:
+def decoder_graphs(k: int, num_layers: int, feature_layers: tuple[int, ...] = ()) -> dict[str, GraphInfo]:
     graphs = {}
     for name, first, layers in ((io_names.DRAFT, io_names.INPUT_IDS, (0, k)),
                                 (io_names.VERIFY, io_names.HIDDEN_IN, (k, num_layers))):
-        inputs, outputs = io_names.decoder_io(first, range(*layers))
+        features = io_names.graph_features(feature_layers, *layers)
+        inputs, outputs = io_names.decoder_io(first, range(*layers), features)
         graphs[name] = GraphInfo(f"{name}.onnx", tuple(inputs), tuple(outputs), layers)
     inputs, outputs = io_names.head_io()
     graphs[io_names.HEAD] = GraphInfo("head.onnx", tuple(inputs), tuple(outputs))
@@ -36,9 +37,13 @@ def write_graphs(model, manifest: Manifest, out: Path, adapter=None, vocab_ids=N
 
     raw = out / "raw"
     raw.mkdir()
-    k, ctx, opset = manifest.exit_layer, manifest.max_context, manifest.opset
-    traced = {io_names.DRAFT: onnx_export.export_draft(model, k, ctx, raw / "draft.onnx", opset),
-              io_names.VERIFY: onnx_export.export_verify(model, k, ctx, raw / "verify.onnx", opset),
+    k, ctx, opset, num_layers = manifest.exit_layer, manifest.max_context, manifest.opset, manifest.model.num_layers
+    features = {name: io_names.graph_features(manifest.feature_layers, *span)
+                for name, span in ((io_names.DRAFT, (0, k)), (io_names.VERIFY, (k, num_layers)))}
+    traced = {io_names.DRAFT: onnx_export.export_draft(model, k, ctx, raw / "draft.onnx", opset,
+                                                       features[io_names.DRAFT]),
+              io_names.VERIFY: onnx_export.export_verify(model, k, ctx, raw / "verify.onnx", opset,
+                                                         features[io_names.VERIFY]),
               io_names.HEAD: onnx_export.export_head(model, raw / "head.onnx", opset=opset)}
     if io_names.DRAFT_HEAD in manifest.graphs:
         traced[io_names.DRAFT_HEAD] = onnx_export.export_head(model, raw / "draft_head.onnx", adapter, vocab_ids,
@@ -87,8 +92,10 @@ def build_manifest(model, tokenizer, config, name: str) -> Manifest:
     config.check_layers(info.num_layers)
     return Manifest(
         model=info, exit_layer=config.exit_layer, num_draft_tokens=config.num_draft_tokens,
-        max_context=config.max_context, graphs=decoder_graphs(config.exit_layer, info.num_layers),
+        max_context=config.max_context,
+        graphs=decoder_graphs(config.exit_layer, info.num_layers, config.feature_layers),
         draft_source=config.draft_source, lookup_ngram=config.lookup_ngram, opset=config.opset,
+        feature_layers=config.feature_layers,
     )
 
 

@@ -28,6 +28,7 @@ class SplitModel:
         self._ones = np.ones((1, self.max_context), dtype=np.int64)            # [1, N]
         self._write_index = np.zeros(1, dtype=np.int64)                        # [1]
         self._ids = np.zeros((1, self.max_context), dtype=np.int64)            # [1, N]
+        self.outputs: dict[str, dict] = {}  # each decoder graph's last outputs (views until its next pass)
 
     def _positional(self, start: int, rows: int) -> dict[str, np.ndarray]:
         if start + rows > self.max_context:
@@ -48,12 +49,22 @@ class SplitModel:
         ids = self._ids[:, :rows]
         ids[0, :] = tokens
         feeds = {io_names.INPUT_IDS: ids, **self._positional(start, rows)}
-        return self.draft_stage.run(feeds)[io_names.HIDDEN_OUT][0]
+        self.outputs[io_names.DRAFT] = self.draft_stage.run(feeds)
+        return self.outputs[io_names.DRAFT][io_names.HIDDEN_OUT][0]
 
     def verify_pass(self, hidden: np.ndarray, start: int) -> np.ndarray:
         """Verify graph over h_k rows [S, H] at rows [start, start+S): final hidden [S, H]."""
         feeds = {io_names.HIDDEN_IN: hidden[None], **self._positional(start, hidden.shape[0])}
-        return self.verify_stage.run(feeds)[io_names.HIDDEN_OUT][0]
+        self.outputs[io_names.VERIFY] = self.verify_stage.run(feeds)
+        return self.outputs[io_names.VERIFY][io_names.HIDDEN_OUT][0]
+
+    def features(self) -> np.ndarray:
+        """[S, 3, H] the feature layers' inputs for the rows of the last draft and verify passes
+        (which must have carried the same rows), in the manifest's order."""
+        m = self.manifest
+        rows = [self.outputs[graph][name][0] for graph, name in
+                (io_names.feature_output(j, m.exit_layer, m.model.num_layers) for j in m.feature_layers)]
+        return np.stack(rows, 1)
 
     def prefill(self, tokens, chunk: int) -> np.ndarray:
         """Both graphs over the prompt in passes of at most `chunk` rows: the last row's final hidden [1, H].
