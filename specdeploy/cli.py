@@ -119,8 +119,10 @@ def _ngram_option(default=DEFAULT_LOOKUP_NGRAM, purpose="recorded as the default
               help="tensorrt: also build TensorRT engines here (needs a GPU and TensorRT).")
 @click.option("--opset", type=click.Choice([str(o) for o in OPSETS]), default=str(DEFAULT_OPSET), show_default=True,
               help="23: for ONNX Runtime 1.23 (the newest on Python 3.10, e.g. JetPack 6).")
+@click.option("--feature-head", type=click.Path(path_type=Path), default=None,
+              help="An EAGLE-3 head (train-head's output, or a published one) to add, with the features it reads (fp32 bundles for now).")
 def export(model, exit_layer, num_draft_tokens, max_context, output, draft_source, lookup_ngram, calibrate, precision,
-           draft_precision, verify_precision, method, prompts_file, no_validate, backend, opset):
+           draft_precision, verify_precision, method, prompts_file, no_validate, backend, opset, feature_head):
     """Split MODEL (Hugging Face directory or .gguf) into a bundle of draft/verify graphs."""
     from .export import ExportConfig, export as run_export
 
@@ -130,7 +132,7 @@ def export(model, exit_layer, num_draft_tokens, max_context, output, draft_sourc
         max_context=max_context, output=output, draft_source=draft_source, lookup_ngram=lookup_ngram,
         calibrate=calibrate, precision=precision, validate=not no_validate, prompts_file=prompts_file,
         draft_precision=draft_precision, verify_precision=verify_precision, method=method, backend=backend,
-        opset=int(opset),
+        opset=int(opset), feature_head=feature_head,
     )
     click.echo(f"bundle written to {run_export(config, echo=click.echo)}")
 

@@ -22,7 +22,9 @@ DRAFT = "draft"
 VERIFY = "verify"
 HEAD = "head"
 DRAFT_HEAD = "draft_head"
-GRAPH_NAMES = (DRAFT, VERIFY, HEAD, DRAFT_HEAD)
+FEATURE_FC = "feature_fc"        # a feature head's projection of the features it reads
+FEATURE_HEAD = "feature_head"    # a feature head's decoder layer (feature_head/graphs.py)
+GRAPH_NAMES = (DRAFT, VERIFY, HEAD, DRAFT_HEAD, FEATURE_FC, FEATURE_HEAD)
 
 
 def past_key(layer: int) -> str:

@@ -42,6 +42,7 @@ class ExportConfig:
     backend: str = DEFAULT_BACKEND                 # "tensorrt": also build engines on this machine
     opset: int = DEFAULT_OPSET                     # 23: ScatterND KV writes, for ONNX Runtime < 1.25
     feature_layers: tuple[int, ...] = ()           # layers whose input the graphs also output (a feature head's)
+    feature_head: Path | None = None               # an EAGLE-3 head to add (its layers become feature_layers)
 
     def __post_init__(self):
         object.__setattr__(self, "source", Path(self.source))
@@ -58,6 +59,9 @@ class ExportConfig:
         check_source(self.draft_source)
         object.__setattr__(self, "lookup_ngram", check_ngram(self.lookup_ngram))
         object.__setattr__(self, "feature_layers", tuple(sorted(set(self.feature_layers))))
+        if self.feature_head is not None and not (Path(self.feature_head) / "config.json").is_file():
+            raise ConfigError(f"--feature-head {self.feature_head} is not an EAGLE-3 head's directory (no config.json); "
+                              f"train one with 'specdeploy train-head' or point at a downloaded head")
         for p in (self.precision, self.draft_precision, self.verify_precision):
             if p is not None:
                 check_precision(p)

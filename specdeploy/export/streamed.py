@@ -75,8 +75,8 @@ class StreamedWeights:
 
     def initializers(self, module) -> dict:
         """Initializer name in `module`'s traced graph -> a function giving its values."""
-        values = {name: (lambda p=param: self.parameter(p))
-                  for name, param in module.named_parameters(remove_duplicate=False)}
+        values = {name: (lambda p=param: self.parameter(p) if p.is_meta else p.detach().numpy())
+                  for name, param in module.named_parameters(remove_duplicate=False)}  # (a feature head's are real)
         for name, buffer in module.named_buffers(remove_duplicate=False):
             values[name] = lambda b=buffer: b.numpy()
         return values

@@ -24,7 +24,7 @@ def _schedule(model: SplitModel, prompt: list[int], drafts: list[int],
     `verify=False`: the draft graph's and heads' outputs only (a verify graph too large to load)."""
     p = len(prompt)
     hidden = model.draft_pass(prompt, 0).copy()
-    features = _features(model, io_names.DRAFT)
+    features, outputs = _features(model, io_names.DRAFT), {io_names.DRAFT: _copied(model, io_names.DRAFT)}
     rows = [model.draft_pass([token], p + i).copy()[0] for i, token in enumerate(drafts)]
     # rollback: keep one draft, redo the rest with other tokens over the stale rows
     redo = model.draft_pass(drafts[::-1][:2], p + 1).copy()
@@ -35,9 +35,11 @@ def _schedule(model: SplitModel, prompt: list[int], drafts: list[int],
     if not verify:
         return out
     finals = [model.verify_pass(hidden, 0)[-1:].copy()]
-    features = _features(model, io_names.VERIFY)
+    features, outputs[io_names.VERIFY] = _features(model, io_names.VERIFY), _copied(model, io_names.VERIFY)
     finals += [model.verify_pass(np.stack(rows), p).copy(), model.verify_pass(redo, p + 1).copy()]
     model.verify_stage.close()
+    if io_names.FEATURE_HEAD in model.stages:
+        out += _feature_head(model, outputs, prompt, drafts)
     return out + features + [("prefill.logits", model.logits(finals[0]).copy()), ("verify.logits", model.logits(finals[1]).copy()),
                   ("rollback.logits", model.logits(finals[2]).copy())]
 
@@ -46,6 +48,21 @@ def _features(model: SplitModel, graph: str) -> list[tuple[str, np.ndarray]]:
     """The feature outputs (for a feature head) of `graph`'s last pass, copied."""
     return [(f"prefill.{name}", value.copy()) for name, value in sorted(model.outputs[graph].items())
             if name.startswith("feature.")]
+
+
+def _copied(model: SplitModel, graph: str) -> dict:
+    return {name: value.copy() for name, value in model.outputs[graph].items()}
+
+
+def _feature_head(model: SplitModel, outputs: dict, prompt: list[int], drafts: list[int]) -> list:
+    """The feature head's graphs as drafting calls them: the prompt's features projected, a pass
+    over the prompt's rows, then one chained row from its own output."""
+    model.outputs = outputs  # the prefill passes' outputs: every feature for the prompt's rows
+    projected = model.project_features(model.features()).copy()                # [p, H]
+    logits, hidden = (x.copy() for x in model.feature_head_pass(projected[:-1], prompt[1:], 0))
+    chained, _ = model.feature_head_pass(hidden[-1:], drafts[:1], len(prompt) - 1)
+    return [("feature_fc.hidden", projected), ("feature_head.logits", logits), ("feature_head.hidden", hidden),
+            ("feature_head.chained_logits", chained.copy())]
 
 
 def compare(exported: SplitModel, reference: SplitModel, precision: str = "fp32",
@@ -80,7 +97,7 @@ def validation_prompt_len(model, manifest) -> int:
 
 
 def validate_bundle(model, bundle, manifest, adapter=None, vocab_ids=None, streamed=None,
-                    skip: frozenset = frozenset()) -> dict[str, float]:
+                    skip: frozenset = frozenset(), feature_head=None) -> dict[str, float]:
     """The bundle's graphs in ONNX Runtime, one at a time, against the PyTorch reference over one
     schedule (with `streamed`, a skeleton whose layers load their weights as they run:
     export/streamed.py); `skip` may hold the verify graph (too large to load here: the draft graph
@@ -92,7 +109,12 @@ def validate_bundle(model, bundle, manifest, adapter=None, vocab_ids=None, strea
     exported = SplitModel(manifest, graph_at_a_time(bundle, manifest))
     try:
         with streamed.materialized() if streamed else contextlib.nullcontext(model) as runnable:
-            reference = SplitModel(manifest, reference_stages(runnable, manifest, adapter, vocab_ids))
+            stages = reference_stages(runnable, manifest, adapter, vocab_ids)
+            if feature_head is not None:
+                from ..feature_head.graphs import reference_stages as head_stages
+
+                stages.update(head_stages(feature_head, runnable, manifest.kv_shape))
+            reference = SplitModel(manifest, stages)
             return compare(exported, reference, manifest.precision, verify=io_names.VERIFY not in skip,
                            prompt_len=validation_prompt_len(runnable, manifest))
     finally:

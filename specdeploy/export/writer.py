@@ -29,9 +29,11 @@ def decoder_graphs(k: int, num_layers: int, feature_layers: tuple[int, ...] = ()
     return graphs
 
 
-def write_graphs(model, manifest: Manifest, out: Path, adapter=None, vocab_ids=None, streamed=None) -> dict:
+def write_graphs(model, manifest: Manifest, out: Path, adapter=None, vocab_ids=None, streamed=None,
+                 feature_head=None) -> dict:
     """Export every graph of `manifest` into `out` with one shared weights file; `streamed` (a
-    streamed.StreamedWeights) when `model` is a skeleton whose weights are read a tensor at a time."""
+    streamed.StreamedWeights) when `model` is a skeleton whose weights are read a tensor at a time;
+    `feature_head` (a feature_head.model.FeatureHead) when the manifest has its graphs."""
     from ..bundle import weights
     from . import onnx_export
 
@@ -48,6 +50,10 @@ def write_graphs(model, manifest: Manifest, out: Path, adapter=None, vocab_ids=N
     if io_names.DRAFT_HEAD in manifest.graphs:
         traced[io_names.DRAFT_HEAD] = onnx_export.export_head(model, raw / "draft_head.onnx", adapter, vocab_ids,
                                                               opset)
+    if feature_head is not None:
+        from ..feature_head.graphs import export_graphs
+
+        traced.update(export_graphs(feature_head, model, raw, ctx, opset))
     files = {name: raw / f"{name}.onnx" for name in manifest.graphs}
     if streamed is None:
         sizes = weights.share(files, out, manifest.weights)
@@ -114,7 +120,19 @@ def _with_draft_head(manifest: Manifest, draft: DraftHead | None, staging: Path)
     return manifest.replace(graphs=graphs, draft_vocab=vocab_file, confidence_threshold=draft.threshold)
 
 
-def _validate(model, staging: Path, manifest: Manifest, adapter, vocab_ids, streamed, echo) -> None:
+def _with_feature_head(manifest: Manifest, head) -> Manifest:
+    """The manifest with a feature head's graphs, and the features it reads output by the others."""
+    if head is None:
+        return manifest
+    from ..feature_head.graphs import graph_infos
+
+    layers, k, num_layers = head.config.feature_layers, manifest.exit_layer, manifest.model.num_layers
+    graphs = {**manifest.graphs, **decoder_graphs(k, num_layers, layers), **graph_infos(num_layers)}
+    return manifest.replace(graphs=graphs, feature_layers=layers)
+
+
+def _validate(model, staging: Path, manifest: Manifest, adapter, vocab_ids, streamed, echo,
+              feature_head=None) -> None:
     """Validate the graphs (recorded in `manifest.extra`); a verify graph too large to load here is
     named and left to the row check of the graphs that ship."""
     from ..runtime.split_model import too_large
@@ -125,7 +143,8 @@ def _validate(model, staging: Path, manifest: Manifest, adapter, vocab_ids, stre
         manifest.extra["validation_skipped"] = skipped
         echo(f"not validated: {'; '.join(f'the {n} graph: {r}' for n, r in skipped.items())}")
         return
-    diffs = validate_bundle(model, staging, manifest, adapter, vocab_ids, streamed, frozenset(skipped))
+    diffs = validate_bundle(model, staging, manifest, adapter, vocab_ids, streamed, frozenset(skipped),
+                            feature_head)
     manifest.extra["validation_max_abs_diff"] = diffs
     echo(f"validated against the PyTorch reference: max |logit difference| {max(diffs.values()):.2g}")
     if skipped:
@@ -146,15 +165,22 @@ def write_bundle(model, tokenizer, config, staging: Path, draft: DraftHead | Non
     manifest = build_manifest(model, tokenizer, config, Path(config.source).name)
     echo(f"exporting draft, verify and head graphs: exit layer {config.exit_layer} of {manifest.model.num_layers}")
     manifest = _with_draft_head(manifest, draft, staging)
+    head = None
+    if config.feature_head is not None:
+        from ..feature_head.graphs import load_for_export
+
+        head = load_for_export(config.feature_head, model)
+        manifest = _with_feature_head(manifest, head)
+        echo(f"with the feature head in {config.feature_head}: features from layers {list(manifest.feature_layers)}")
     adapter, vocab_ids = (draft.adapter, draft.vocab_ids) if draft else (None, None)
-    sizes = write_graphs(model, manifest, staging, adapter, vocab_ids, streamed)
+    sizes = write_graphs(model, manifest, staging, adapter, vocab_ids, streamed, head)
     mark("tracing the graphs and writing the weights")
     tok, template = save_tokenizer(tokenizer, staging)
     extra = {"weights_bytes": sizes["written"], "weights_bytes_before_dedup": sizes["referenced"],
              "source": str(Path(config.source).resolve())}
     manifest = manifest.replace(tokenizer=tok, chat_template=template, extra=extra, calibration=calibration)
     if config.validate:
-        _validate(model, staging, manifest, adapter, vocab_ids, streamed, echo)
+        _validate(model, staging, manifest, adapter, vocab_ids, streamed, echo, head)
         mark("validating against the PyTorch reference")
     if not sealed:
         return manifest_io.write(staging, manifest)

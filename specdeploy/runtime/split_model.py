@@ -66,6 +66,21 @@ class SplitModel:
                 (io_names.feature_output(j, m.exit_layer, m.model.num_layers) for j in m.feature_layers)]
         return np.stack(rows, 1)
 
+    def project_features(self, features: np.ndarray) -> np.ndarray:
+        """A feature head's input [S, H] from features [S, 3, T] (the feature_fc graph)."""
+        feeds = {"features": features.reshape(1, features.shape[0], -1)}
+        return self.stages[io_names.FEATURE_FC].run(feeds)[io_names.HIDDEN_OUT][0]
+
+    def feature_head_pass(self, hidden: np.ndarray, tokens, start: int) -> tuple[np.ndarray, np.ndarray]:
+        """The feature head over rows [start, start+S): each row's hidden [S, H] (projected features
+        or its own output) with the token after it. Returns (draft logits [S, V'], hidden out [S, H])."""
+        rows = len(tokens)
+        ids = self._ids[:, :rows]
+        ids[0, :] = tokens
+        feeds = {io_names.HIDDEN_IN: hidden[None], io_names.INPUT_IDS: ids, **self._positional(start, rows)}
+        out = self.stages[io_names.FEATURE_HEAD].run(feeds)
+        return out[io_names.LOGITS][0], out[io_names.HIDDEN_OUT][0]
+
     def prefill(self, tokens, chunk: int) -> np.ndarray:
         """Both graphs over the prompt in passes of at most `chunk` rows: the last row's final hidden [1, H].
 

@@ -65,3 +65,83 @@ def test_a_layer_the_model_lacks_is_named(tmp_path):
     with pytest.raises(ConfigError, match=r"feature layers \[9\].*pick 0..4"):
         export_tiny("llama", tmp_path, feature_layers=(2, 9))
     assert ExportConfig(source=tmp_path, exit_layer=2, feature_layers=(3, 1, 3)).feature_layers == (1, 3)
+
+
+@pytest.fixture(scope="module")
+def head_bundle(tmp_path_factory):
+    from specdeploy.feature_head import eagle3
+    from specdeploy.feature_head.config import HeadConfig
+
+    root = tmp_path_factory.mktemp("feature-head")
+    config = HeadConfig(hidden_size=64, target_hidden_size=64, intermediate_size=48, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=16, vocab_size=96, draft_vocab_size=40,
+                        feature_layers=(1, 2, 3), target_num_layers=4, rms_norm_eps=1e-6)
+    rng = np.random.default_rng(3)
+    tensors = {k: (0.2 * rng.standard_normal(s)).astype(np.float32) for k, s in eagle3.shapes(config).items()
+               if k not in ("d2t", "t2d")}
+    tensors["d2t"], tensors["t2d"] = eagle3.vocab_maps(np.sort(rng.choice(96, 40, replace=False)), 96)
+    eagle3.write(root / "head", config, tensors)
+    return export_tiny("llama", root, feature_head=root / "head"), root / "head"
+
+
+def test_a_feature_head_joins_the_bundle_validated(head_bundle):
+    bundle, _ = head_bundle
+    m = manifest_io.read(bundle)
+    assert m.feature_layers == (1, 2, 3)
+    assert {"feature_fc", "feature_head"} <= set(m.graphs)
+    assert m.graphs["feature_head"].kv_layers == (4, 5)
+    diffs = m.extra["validation_max_abs_diff"]
+    assert {"feature_head.logits", "feature_head.chained_logits", "feature_fc.hidden"} <= set(diffs)
+    assert max(diffs.values()) < 1e-3
+
+
+def test_the_head_graph_is_the_heads_forward(head_bundle):
+    from specdeploy.feature_head import eagle3
+    from specdeploy.feature_head.model import FeatureHead
+
+    bundle, head_dir = head_bundle
+    config, tensors = eagle3.read(head_dir)
+    head = FeatureHead(config)
+    head.load_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()})
+    ids = [3, 17, 42, 8, 9]
+    with Engine(bundle) as engine:
+        split = engine.model
+        split.verify_pass(split.draft_pass(ids, 0).copy(), 0)
+        projected = split.project_features(split.features()).copy()
+        logits, hidden = split.feature_head_pass(projected[:-1], ids[1:], 0)
+        import transformers
+
+        target = transformers.AutoModelForCausalLM.from_pretrained(bundle.parent / "llama-model").eval()
+        embed = target.model.embed_tokens  # the target's table: the graph reads the same bytes
+        with torch.no_grad():
+            want_logits, want_hidden, _ = head(torch.from_numpy(projected[None, :-1]), embed(torch.tensor([ids[1:]])),
+                                               torch.arange(4)[None])
+        np.testing.assert_allclose(logits, want_logits[0].numpy(), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(hidden, want_hidden[0].numpy(), rtol=1e-4, atol=1e-4)
+        speculative = GenerationConfig(max_new_tokens=16, ignore_eos=True)
+        plain = GenerationConfig(max_new_tokens=16, ignore_eos=True, speculative=False)
+        assert engine.generate_ids(ids, speculative) == engine.generate_ids(ids, plain)
+
+
+def test_a_head_for_another_model_is_refused(tmp_path, head_config, head_tensors):
+    from specdeploy.errors import ModelSourceError
+    from specdeploy.feature_head import eagle3
+
+    eagle3.write(tmp_path / "head", head_config, head_tensors)
+    with pytest.raises(ModelSourceError, match="was not made for this model: .*hidden_size 32 .the model's: 64."):
+        export_tiny("llama", tmp_path, feature_head=tmp_path / "head")
+
+
+def test_feature_head_options_fail_in_one_line(tmp_path, tiny_model_dir, head_bundle):
+    from click.testing import CliRunner
+
+    from specdeploy.cli import main
+    from specdeploy.quantization.quantize import QuantizeOptions, quantize
+
+    result = CliRunner().invoke(main, ["export", "--exit-layer", "2", str(tiny_model_dir), "--feature-head",
+                                       str(tmp_path / "nothing"), "-o", str(tmp_path / "b")])
+    assert result.exit_code != 0 and "not an EAGLE-3 head's directory" in result.output
+    assert "Traceback" not in result.output
+    with pytest.raises(ConfigError, match="feature head.*fp32 only for now"):
+        quantize(head_bundle[0], tmp_path / "q", QuantizeOptions("int8", method="rtn", report=False),
+                 echo=lambda line: None)
