@@ -7,7 +7,7 @@ from __future__ import annotations
 VERSION = "0.1.0"
 
 # draft sources (runtime/drafting.py); "plain" labels a round or request without drafts
-SOURCES = ("early_exit", "lookup", "hybrid")
+SOURCES = ("early_exit", "lookup", "hybrid", "feature")  # feature: a bundle's feature head (export --feature-head)
 PLAIN = "plain"
 DEFAULT_DRAFT_SOURCE = "hybrid"
 

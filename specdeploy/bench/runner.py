@@ -71,10 +71,11 @@ def _progress(total: int):
 
 
 def modes_for(temperature: float, default_source: str, max_new_tokens: int,
-              lookup_ngram: tuple[int, int] | None = None) -> dict[str, GenerationConfig]:
+              lookup_ngram: tuple[int, int] | None = None, available=SOURCES) -> dict[str, GenerationConfig]:
+    """`available`: the sources the bundle can run (a feature head's only where it has one)."""
     base = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=0 if temperature else None)
     modes = {"plain": GenerationConfig(speculative=False, **base)}
-    sources = SOURCES if temperature == 0 else (default_source,)
+    sources = [s for s in SOURCES if s in available] if temperature == 0 else (default_source,)
     for source in sources:
         modes[source] = GenerationConfig(draft_source=source, lookup_ngram=lookup_ngram, **base)
     return modes
@@ -84,8 +85,8 @@ def run_categories(engine: Engine, config: BenchConfig, prompt_set: dict[str, li
     chat = engine.tokenizer.chat_template is not None
     encoded = {c: [engine.encode_prompt([{"role": "user", "content": p}] if chat else p)
                    for p in ps[: config.prompts_per_category]] for c, ps in prompt_set.items()}
-    plans = [(t, modes_for(t, engine.manifest.draft_source, config.max_new_tokens, config.lookup_ngram))
-             for t in config.temperatures]
+    plans = [(t, modes_for(t, engine.manifest.draft_source, config.max_new_tokens, config.lookup_ngram,
+                           engine.decoder.drafters)) for t in config.temperatures]
     total = sum(len(m) * len(ids) * config.repeats for _, m in plans for ids in encoded.values())
     bar = _progress(total)
     results = []

@@ -26,7 +26,7 @@ class FileRecord:
 
 def named(manifest) -> list[str]:
     """The files `manifest` binds, in a fixed order (the manifest itself excepted)."""
-    names = [manifest.weights, manifest.tokenizer, manifest.chat_template, manifest.draft_vocab]
+    names = [manifest.weights, manifest.tokenizer, manifest.chat_template, manifest.draft_vocab, manifest.feature_vocab]
     for graph in manifest.graphs.values():
         names += [graph.file, graph.tensorrt_file]
     engines = (manifest.tensorrt or {}).get("engines", {})

@@ -120,15 +120,19 @@ def _with_draft_head(manifest: Manifest, draft: DraftHead | None, staging: Path)
     return manifest.replace(graphs=graphs, draft_vocab=vocab_file, confidence_threshold=draft.threshold)
 
 
-def _with_feature_head(manifest: Manifest, head) -> Manifest:
-    """The manifest with a feature head's graphs, and the features it reads output by the others."""
+def _with_feature_head(manifest: Manifest, head, staging: Path) -> Manifest:
+    """The manifest with a feature head's graphs and vocabulary, and the features it reads output by
+    the others."""
     if head is None:
         return manifest
+    import numpy as np
+
     from ..feature_head.graphs import graph_infos
 
     layers, k, num_layers = head.config.feature_layers, manifest.exit_layer, manifest.model.num_layers
     graphs = {**manifest.graphs, **decoder_graphs(k, num_layers, layers), **graph_infos(num_layers)}
-    return manifest.replace(graphs=graphs, feature_layers=layers)
+    np.save(staging / "feature_vocab.npy", head.d2t.numpy() + np.arange(len(head.d2t)))
+    return manifest.replace(graphs=graphs, feature_layers=layers, feature_vocab="feature_vocab.npy")
 
 
 def _validate(model, staging: Path, manifest: Manifest, adapter, vocab_ids, streamed, echo,
@@ -170,7 +174,7 @@ def write_bundle(model, tokenizer, config, staging: Path, draft: DraftHead | Non
         from ..feature_head.graphs import load_for_export
 
         head = load_for_export(config.feature_head, model)
-        manifest = _with_feature_head(manifest, head)
+        manifest = _with_feature_head(manifest, head, staging)
         echo(f"with the feature head in {config.feature_head}: features from layers {list(manifest.feature_layers)}")
     adapter, vocab_ids = (draft.adapter, draft.vocab_ids) if draft else (None, None)
     sizes = write_graphs(model, manifest, staging, adapter, vocab_ids, streamed, head)

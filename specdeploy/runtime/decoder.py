@@ -34,7 +34,8 @@ class Emitted:
 
 class Decoder:
     def __init__(self, model: SplitModel, vocab_ids: np.ndarray | None = None,
-                 confidence_threshold: float | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK):
+                 confidence_threshold: float | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+                 feature_vocab: np.ndarray | None = None):
         self.model = model
         self.prefill_chunk = min(prefill_chunk, model.max_rows)  # rows one prefill pass carries
         self.eos = set(model.manifest.model.eos_token_ids)
@@ -43,6 +44,10 @@ class Decoder:
         hybrid = HybridDrafter(lookup, early, probe_exit=model.manifest.exit_can_pay)
         self.drafters = {"early_exit": early, "lookup": lookup, "hybrid": hybrid}
         self.history = np.zeros(model.max_context + 1, np.int64)  # prompt + committed + pending
+        if feature_vocab is not None:
+            from .feature_drafting import SOURCE, FeatureDrafter
+
+            self.drafters[SOURCE] = FeatureDrafter(model, self.history, feature_vocab)
 
     def settings(self, config: GenerationConfig) -> DecodeSettings:
         return resolve(config, self.model.manifest)
@@ -60,6 +65,9 @@ class Decoder:
                 f"max_new_tokens, or re-export with a larger --max-context"
             )
         settings = self.settings(config)
+        if settings.speculative and settings.draft_source not in self.drafters:
+            raise ConfigError(f"draft_source='{settings.draft_source}' needs a feature head, which this bundle lacks; "
+                              f"export it with --feature-head HEAD_DIR (train one with 'specdeploy train-head')")
         if settings.speculative and settings.num_draft_tokens + 1 > self.model.max_rows:
             raise ConfigError(
                 f"num_draft_tokens={settings.num_draft_tokens} needs {settings.num_draft_tokens + 1} rows per "

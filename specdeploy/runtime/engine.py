@@ -61,7 +61,8 @@ class Engine:
                 self.model.close()
                 raise
         vocab = np.load(self.bundle / m.draft_vocab) if m.draft_vocab else None
-        self.decoder = Decoder(self.model, vocab, m.confidence_threshold, prefill_chunk)
+        feature_vocab = np.load(self.bundle / m.feature_vocab) if m.feature_vocab else None
+        self.decoder = Decoder(self.model, vocab, m.confidence_threshold, prefill_chunk, feature_vocab)
 
     def encode_prompt(self, prompt) -> list[int]:
         """Token ids of a plain string, or of chat messages rendered with the chat template."""

@@ -29,6 +29,7 @@ class SplitModel:
         self._write_index = np.zeros(1, dtype=np.int64)                        # [1]
         self._ids = np.zeros((1, self.max_context), dtype=np.int64)            # [1, N]
         self.outputs: dict[str, dict] = {}  # each decoder graph's last outputs (views until its next pass)
+        self.after_verify = None  # called with (start, rows) after each verify pass (a feature head's drafter)
 
     def _positional(self, start: int, rows: int) -> dict[str, np.ndarray]:
         if start + rows > self.max_context:
@@ -56,6 +57,8 @@ class SplitModel:
         """Verify graph over h_k rows [S, H] at rows [start, start+S): final hidden [S, H]."""
         feeds = {io_names.HIDDEN_IN: hidden[None], **self._positional(start, hidden.shape[0])}
         self.outputs[io_names.VERIFY] = self.verify_stage.run(feeds)
+        if self.after_verify is not None:
+            self.after_verify(start, hidden.shape[0])
         return self.outputs[io_names.VERIFY][io_names.HIDDEN_OUT][0]
 
     def features(self) -> np.ndarray:

@@ -145,3 +145,59 @@ def test_feature_head_options_fail_in_one_line(tmp_path, tiny_model_dir, head_bu
     with pytest.raises(ConfigError, match="feature head.*fp32 only for now"):
         quantize(head_bundle[0], tmp_path / "q", QuantizeOptions("int8", method="rtn", report=False),
                  echo=lambda line: None)
+
+
+def _torch_drafts(head_dir, model_dir, ids: list[int], pending: int, n: int) -> list[int]:
+    """The head's greedy chain computed in PyTorch from the model's own hidden states."""
+    import transformers
+
+    from specdeploy.feature_head import eagle3
+    from specdeploy.feature_head.model import FeatureHead
+
+    config, tensors = eagle3.read(head_dir)
+    head = FeatureHead(config)
+    head.load_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()})
+    target = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    vocab = tensors["d2t"] + np.arange(config.draft_vocab_size)
+    with torch.no_grad():
+        states = target(torch.tensor([ids]), output_hidden_states=True).hidden_states
+        feats = torch.cat([states[j] for j in config.feature_layers], -1)          # [1, P, 3H]
+        embed = target.model.embed_tokens
+        logits, hidden, past = head(head.fc(feats), embed(torch.tensor([ids[1:] + [pending]])),
+                                    torch.arange(len(ids))[None])
+        drafts = [int(vocab[logits[0, -1].argmax()])]
+        for i in range(n - 1):
+            logits, hidden, past = head(hidden[:, -1:], embed(torch.tensor([[drafts[-1]]])),
+                                        torch.tensor([[len(ids) + i]]), past)
+            drafts.append(int(vocab[logits[0, -1].argmax()]))
+    return drafts
+
+
+@pytest.mark.parametrize("chunk", [64, 3])
+def test_feature_drafts_are_the_heads_and_greedy_output_is_plain(head_bundle, tiny_model_dir, chunk):
+    bundle, head_dir = head_bundle
+    ids = [3, 17, 42, 8, 9, 60, 7]
+    with Engine(bundle, prefill_chunk=chunk) as engine:
+        drafter = engine.decoder.drafters["feature"]
+        seen = []
+        original = drafter.draft
+
+        def spy(*args):
+            out = original(*args)
+            seen.append(list(out.tokens) if out else None)
+            return out
+
+        drafter.draft = spy
+        plain = engine.generate_ids(ids, GenerationConfig(max_new_tokens=12, ignore_eos=True, speculative=False))
+        spec = engine.generate_ids(ids, GenerationConfig(max_new_tokens=12, ignore_eos=True, draft_source="feature",
+                                                         num_draft_tokens=3))
+        assert spec == plain
+        assert seen[0] == _torch_drafts(head_dir, tiny_model_dir, ids, plain[0], 3)
+        assert all(s is not None for s in seen)  # the head stayed in step every round
+        sampled = GenerationConfig(max_new_tokens=12, ignore_eos=True, draft_source="feature", temperature=1.0, seed=3)
+        assert len(engine.generate_ids(ids, sampled)) == 12
+
+
+def test_a_bundle_without_a_head_names_the_fix(tiny_engine):
+    with pytest.raises(ConfigError, match="needs a feature head.*--feature-head"):
+        tiny_engine.generate_ids([3, 4, 5], GenerationConfig(max_new_tokens=4, draft_source="feature"))
