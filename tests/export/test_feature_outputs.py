@@ -6,12 +6,14 @@ import pytest
 import torch
 
 from conftest import export_tiny
+from distribution import CHI2_999_10DOF, histogram, homogeneity_chi2
 from specdeploy.bundle import io_names
 from specdeploy.bundle import manifest as manifest_io
 from specdeploy.config import GenerationConfig
 from specdeploy.errors import ConfigError
 from specdeploy.export import ExportConfig
 from specdeploy.runtime.engine import Engine
+from specdeploy.runtime.stats import GenerationStats
 
 pytestmark = pytest.mark.integration
 
@@ -201,3 +203,16 @@ def test_feature_drafts_are_the_heads_and_greedy_output_is_plain(head_bundle, ti
 def test_a_bundle_without_a_head_names_the_fix(tiny_engine):
     with pytest.raises(ConfigError, match="needs a feature head.*--feature-head"):
         tiny_engine.generate_ids([3, 4, 5], GenerationConfig(max_new_tokens=4, draft_source="feature"))
+
+
+def test_feature_drafts_keep_the_sampling_distribution(head_bundle):
+    """Drafts sampled from the head's q, accepted or corrected by rejection sampling: the tokens
+    are distributed as plain sampling's."""
+    with Engine(head_bundle[0]) as engine:
+        plain = histogram(engine, [20, 21, 22], 500, temperature=1.0, speculative=False)
+        spec = histogram(engine, [20, 21, 22], 500, temperature=1.0, draft_source="feature", num_draft_tokens=2)
+        stats = GenerationStats()
+        list(engine.decoder.generate([20, 21, 22], GenerationConfig(max_new_tokens=24, temperature=1.0, seed=1,
+                                                                    draft_source="feature", ignore_eos=True), stats))
+    assert homogeneity_chi2(plain, spec) < CHI2_999_10DOF
+    assert 0 < stats.accepted < stats.drafted  # both acceptances and rejections were exercised
