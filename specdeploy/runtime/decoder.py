@@ -47,7 +47,9 @@ class Decoder:
         if feature_vocab is not None:
             from .feature_drafting import SOURCE, FeatureDrafter
 
-            self.drafters[SOURCE] = FeatureDrafter(model, self.history, feature_vocab)
+            feature = FeatureDrafter(model, self.history, feature_vocab)
+            # the hybrid drafts with the head where the early exit would: lookup, else the head, else plain
+            self.drafters.update({SOURCE: feature, "hybrid": HybridDrafter(lookup, feature)})
 
     def settings(self, config: GenerationConfig) -> DecodeSettings:
         return resolve(config, self.model.manifest)

@@ -247,7 +247,8 @@ class HybridDrafter:
     summarisation) but by its match length and the cost of each copied row (`CopyLength`); when it
     declines, the round is one of the above. When sampling, the drafts decide which random numbers
     are drawn, so a timed choice would make a seed give different text from run to run: a round
-    without a lookup match is a plain step.
+    without a lookup match is a plain step. A bundle with a feature head drafts with the head in the
+    early exit's place, priced the same way.
     """
 
     def __init__(self, lookup: LookupDrafter, early_exit: EarlyExitDrafter, probe_exit: bool = True):
@@ -259,7 +260,7 @@ class HybridDrafter:
     def observe(self, draft: Draft, accepted: int, seconds: float) -> None:
         if draft.source == PLAIN:
             self.plain.add(accepted + 1, seconds)
-        elif draft.source == "early_exit":
+        elif draft.source in ("early_exit", "feature"):  # the model's own drafter: its exit, or its feature head
             (self.probe if self.probing else self.full).rate.add(accepted + 1, seconds)
         self.lookup.observe(draft, accepted, seconds)
 

@@ -216,3 +216,14 @@ def test_feature_drafts_keep_the_sampling_distribution(head_bundle):
                                                                     draft_source="feature", ignore_eos=True), stats))
     assert homogeneity_chi2(plain, spec) < CHI2_999_10DOF
     assert 0 < stats.accepted < stats.drafted  # both acceptances and rejections were exercised
+
+
+def test_the_hybrid_drafts_with_the_head_where_no_lookup_matches(head_bundle):
+    with Engine(head_bundle[0]) as engine:
+        stats = GenerationStats()
+        config = GenerationConfig(max_new_tokens=24, ignore_eos=True, draft_source="hybrid")
+        spec = [t for step in engine.decoder.generate([3, 17, 42, 8], config, stats) for t in step.tokens]
+        plain = engine.generate_ids([3, 17, 42, 8], GenerationConfig(max_new_tokens=24, ignore_eos=True,
+                                                                     speculative=False))
+    assert spec == plain
+    assert stats.by_source.get("feature", [0])[0] >= 1  # probed: the head's rounds are measured
