@@ -35,6 +35,9 @@ def describe(bundle: Path, verify: bool = False) -> str:
         lines.append(f"weights     {m.weights} {weights.stat().st_size / 2**20:.0f} MiB (shared, deduplicated)")
     if m.draft_vocab:
         lines.append(f"draft vocab {m.draft_vocab} ({(m.calibration or {}).get('draft_vocab_size', '?')} tokens)")
+    if m.feature_vocab:
+        lines.append(f"feature head reads layers {', '.join(map(str, m.feature_layers))} (draft source 'feature'); "
+                     f"{m.feature_vocab} ({_rows(Path(bundle) / m.feature_vocab)} draft tokens)")
     if m.calibration:
         lines.append(f"calibration {_calibration(m.calibration)}")
     if m.exit_agreement is not None:
@@ -48,6 +51,16 @@ def describe(bundle: Path, verify: bool = False) -> str:
                  + (f"; SHA-256 verified ({checked / 2**20:.0f} MiB read)" if verify else
                     " (inspect --verify checks their SHA-256)"))
     return "\n".join(lines)
+
+
+def _rows(path: Path) -> str:
+    """Entries of a saved 1-D .npy (read from its header), or '?'."""
+    try:
+        import numpy as np
+
+        return f"{np.load(path, mmap_mode='r').shape[0]:,}"
+    except (OSError, ValueError):
+        return "?"
 
 
 def _compute_lines(extra: dict) -> list[str]:

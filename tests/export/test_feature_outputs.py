@@ -227,3 +227,14 @@ def test_the_hybrid_drafts_with_the_head_where_no_lookup_matches(head_bundle):
                                                                      speculative=False))
     assert spec == plain
     assert stats.by_source.get("feature", [0])[0] >= 1  # probed: the head's rounds are measured
+
+
+def test_inspect_shows_the_head(head_bundle):
+    from click.testing import CliRunner
+
+    from specdeploy.cli import main
+
+    result = CliRunner().invoke(main, ["inspect", str(head_bundle[0])])
+    assert result.exit_code == 0, result.output
+    assert "feature head reads layers 1, 2, 3" in result.output and "(40 draft tokens)" in result.output
+    assert "feature_head" in result.output
