@@ -121,6 +121,26 @@ def tiny_model_and_tokenizer(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def head_bundle(tmp_path_factory):
+    """The tiny Llama exported with a random EAGLE-3 head (features from layers 1, 2, 3), and the head."""
+    import numpy as np
+
+    from specdeploy.feature_head import eagle3
+    from specdeploy.feature_head.config import HeadConfig
+
+    root = tmp_path_factory.mktemp("feature-head")
+    config = HeadConfig(hidden_size=64, target_hidden_size=64, intermediate_size=48, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=16, vocab_size=96, draft_vocab_size=40,
+                        feature_layers=(1, 2, 3), target_num_layers=4, rms_norm_eps=1e-6)
+    rng = np.random.default_rng(3)
+    tensors = {k: (0.2 * rng.standard_normal(s)).astype(np.float32) for k, s in eagle3.shapes(config).items()
+               if k not in ("d2t", "t2d")}
+    tensors["d2t"], tensors["t2d"] = eagle3.vocab_maps(np.sort(rng.choice(96, 40, replace=False)), 96)
+    eagle3.write(root / "head", config, tensors)
+    return export_tiny("llama", root, feature_head=root / "head"), root / "head"
+
+
+@pytest.fixture(scope="session")
 def checkpoint_script():
     """scripts/make_checkpoint.py as a module (it is a script, not part of the package)."""
     import importlib.util

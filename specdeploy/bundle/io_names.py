@@ -13,6 +13,7 @@ POSITION_IDS = "position_ids"    # int64 [1, seq]
 WRITE_INDEX = "write_index"      # int64 [1]: first KV row this call writes
 ATTENTION_MASK = "attention_mask"  # int64 [1, total], total = write_index + seq
 HIDDEN_OUT = "hidden_out"        # float [1, seq, hidden]
+FEATURES = "features"            # float [1, seq, 3 * hidden]: a feature head's three features (feature_fc)
 LOGITS = "logits"                # float [1, seq, vocab]
 
 SEQ = "seq"
@@ -99,7 +100,7 @@ def dynamic_axes(name: str) -> dict[int, str]:
     """Dynamic axes of a tensor by name (KV buffers are fully static)."""
     if name in (INPUT_IDS, POSITION_IDS):
         return {1: SEQ}
-    if name in (HIDDEN_IN, HIDDEN_OUT, LOGITS) or name.startswith("feature."):
+    if name in (HIDDEN_IN, HIDDEN_OUT, LOGITS, FEATURES) or name.startswith("feature."):
         return {1: SEQ}
     if name == ATTENTION_MASK:
         return {1: TOTAL}

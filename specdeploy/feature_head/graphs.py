@@ -16,7 +16,7 @@ from ..bundle import io_names
 from ..export.split import _row_independent_attention, _write_rows, causal_mask
 from .model import FeatureHead, rotary
 
-FEATURES = "features"   # float [1, seq, 3 T]: one row's features, concatenated in feature_layers order
+FEATURES = io_names.FEATURES  # [1, seq, 3 T]: each row's features, concatenated in feature_layers order
 
 
 def fc_io() -> tuple[list[str], list[str]]:

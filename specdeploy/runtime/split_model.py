@@ -71,7 +71,7 @@ class SplitModel:
 
     def project_features(self, features: np.ndarray) -> np.ndarray:
         """A feature head's input [S, H] from features [S, 3, T] (the feature_fc graph)."""
-        feeds = {"features": features.reshape(1, features.shape[0], -1)}
+        feeds = {io_names.FEATURES: features.reshape(1, features.shape[0], -1)}
         return self.stages[io_names.FEATURE_FC].run(feeds)[io_names.HIDDEN_OUT][0]
 
     def feature_head_pass(self, hidden: np.ndarray, tokens, start: int) -> tuple[np.ndarray, np.ndarray]:

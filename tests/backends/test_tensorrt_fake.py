@@ -211,3 +211,20 @@ def test_an_int4_bundle_without_its_tensorrt_form_says_how_to_make_it(tiny_bundl
     graph = manifest_io.read(bundle).graph("draft")
     network = fake_tensorrt.Network(0)
     assert not fake_tensorrt.OnnxParser(network, None).parse_from_file(str(bundle / graph.file))
+
+
+def test_a_feature_head_builds_and_drafts_as_with_onnxruntime(head_bundle, tmp_path, monkeypatch):
+    bundle = tmp_path / "trt-head"
+    shutil.copytree(head_bundle[0], bundle)
+    fake_tensorrt.install(monkeypatch)
+    build_engines(bundle, BuildConfig(max_draft_tokens=6, max_prompt=64), echo=lambda s: None)
+    engines = manifest_io.read(bundle).tensorrt["engines"]
+    assert {"feature_fc", "feature_head"} <= set(engines)
+    prompt = [int(t) for t in np.random.default_rng(1).integers(2, 96, 12)]
+    config = GenerationConfig(max_new_tokens=20, ignore_eos=True, draft_source="feature", num_draft_tokens=3)
+    with Engine(bundle) as ort_engine:
+        expected = ort_engine.generate_ids(prompt, GenerationConfig(max_new_tokens=20, ignore_eos=True,
+                                                                    speculative=False))
+        assert ort_engine.generate_ids(prompt, config) == expected
+    with Engine(bundle, backend="tensorrt") as engine:
+        assert engine.generate_ids(prompt, config) == expected

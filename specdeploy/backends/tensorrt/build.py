@@ -52,6 +52,8 @@ def profiles(graph, manifest, config: BuildConfig) -> list[dict[str, tuple]]:
                 shapes[name] = ((1, 1), (1, min(256, ctx)), (1, ctx))
             elif name == io_names.HIDDEN_IN:
                 shapes[name] = tuple((1, r, hidden) for r in rows)
+            elif name == io_names.FEATURES:  # a feature head's projection
+                shapes[name] = tuple((1, r, len(manifest.feature_layers) * hidden) for r in rows)
             elif axes:
                 shapes[name] = tuple((1, r) for r in rows)
         out.append(shapes)
