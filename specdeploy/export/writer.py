@@ -150,7 +150,10 @@ def _validate(model, staging: Path, manifest: Manifest, adapter, vocab_ids, stre
     diffs = validate_bundle(model, staging, manifest, adapter, vocab_ids, streamed, frozenset(skipped),
                             feature_head)
     manifest.extra["validation_max_abs_diff"] = diffs
-    echo(f"validated against the PyTorch reference: max |logit difference| {max(diffs.values()):.2g}")
+    logits = [v for k, v in diffs.items() if "logits" in k]
+    echo(f"validated against the PyTorch reference: max |logit difference| {max(logits):.2g}"
+         + (f" (hidden states and features: {max(v for k, v in diffs.items() if 'logits' not in k):.2g})"
+            if len(logits) < len(diffs) else ""))
     if skipped:
         manifest.extra["validation_skipped"] = skipped
         echo(f"the verify graph was not validated: {skipped[io_names.VERIFY]}; the draft graph and heads were")
