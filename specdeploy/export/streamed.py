@@ -169,6 +169,9 @@ def write_weights(graphs: dict, values: dict, out_dir: Path, weights_file: str) 
     with SharedFile(out_dir / weights_file) as blob:
         for name, (path, specs) in graphs.items():
             model = onnx.load(str(path))
+            for tensor in model.graph.initializer:  # traced with real weights (a feature head's projection)
+                if len(tensor.raw_data) >= INLINE_LIMIT:
+                    point(tensor, weights_file, *blob.add(tensor.raw_data, tensor.data_type))
             for init, (dims, dtype) in specs.items():
                 array = _checked(values[name], init, dims, dtype)
                 if array.nbytes < INLINE_LIMIT:

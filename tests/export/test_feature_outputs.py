@@ -221,3 +221,20 @@ def test_inspect_shows_the_head(head_bundle):
     assert result.exit_code == 0, result.output
     assert "feature head reads layers 1, 2, 3" in result.output and "(40 draft tokens)" in result.output
     assert "feature_head" in result.output
+
+
+def test_a_streamed_export_keeps_the_heads_weights_in_the_shared_file(head_bundle, tmp_path):
+    """From a safetensors source (read a tensor at a time), every large weight of every graph,
+    the head's projection included, lives in the one weights file."""
+    import onnx
+
+    from specdeploy.export import export
+
+    _, head_dir = head_bundle
+    model_dir = head_bundle[0].parent / "llama-model"
+    bundle = export(ExportConfig(source=model_dir, exit_layer=2, max_context=128, output=tmp_path / "b",
+                                 feature_head=head_dir), echo=lambda line: None)
+    for name in ("feature_fc", "feature_head", "draft", "verify"):
+        graph = onnx.load(str(bundle / f"{name}.onnx"), load_external_data=False)
+        inline = [t.name for t in graph.graph.initializer if len(t.raw_data) >= 1024]
+        assert inline == [], (name, inline)
