@@ -179,7 +179,7 @@ def train_head_command(model, data, output, tokens, steps, draft_vocab, intermed
     """Train an EAGLE-style feature head for MODEL (a Hugging Face directory or .gguf) by distillation.
 
     Resumable: the model's features are cached, training checkpoints as it goes."""
-    from .feature_head.pipeline import TrainConfig, TrainHeadConfig, train_head
+    from .export.train_head import TrainConfig, TrainHeadConfig, train_head
 
     config = TrainHeadConfig(source=model, data=data, output=output, tokens=tokens, draft_vocab_size=draft_vocab,
                              intermediate_size=intermediate_size, train=TrainConfig(steps=steps),

@@ -18,7 +18,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "specdeploy"
 CORE = ("constants", "errors", "config", "jsonl", "prompts")
 RANK = {"core": 0, "bundle": 1, "backends": 2, "runtime": 3, "optimize": 4, "calibration": 5, "quantization": 5,
-        "export": 6, "bench": 7, "serve": 7, "triton": 7, "cli": 8}
+        "feature_head": 6, "export": 7, "bench": 8, "serve": 8, "triton": 8, "cli": 9}
 HEAVY = {"torch", "transformers", "onnx", "onnxscript", "gguf", "accelerate", "matplotlib"}
 SERVING = {"starlette", "uvicorn", "tritonclient"}
 # third-party packages a layer may never import (click: only the CLI, checked separately)

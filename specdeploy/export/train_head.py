@@ -15,11 +15,11 @@ from typing import Callable
 import numpy as np
 
 from ..errors import ConfigError, require
-from . import eagle3
-from .config import HeadConfig
-from .data import FeatureConfig, Features, fingerprint, read_conversations, render, teacher_force
-from .evaluate import Acceptance
-from .train import TrainConfig
+from ..feature_head import eagle3
+from ..feature_head.config import HeadConfig
+from ..feature_head.data import FeatureConfig, Features, fingerprint, read_conversations, render, teacher_force
+from ..feature_head.evaluate import Acceptance
+from ..feature_head.train import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ def new_head(model, config: TrainHeadConfig, features: Features):
 
     from ..calibration.vocab import choose
     from ..calibration.data import Activations
-    from .model import FeatureHead
+    from ..feature_head.model import FeatureHead
 
     target = model.config
     vocab = choose(Activations({}, features.teacher_ids, features.teacher_probs.astype(np.float32),
@@ -129,9 +129,9 @@ def new_head(model, config: TrainHeadConfig, features: Features):
 
 def train_head(config: TrainHeadConfig, echo: Callable[[str], None] = print) -> tuple[Path, Acceptance]:
     torch = require("torch", "export", "training a feature head")
-    from ..export.arch import load
-    from .evaluate import acceptance
-    from .train import train
+    from ..feature_head.evaluate import acceptance
+    from ..feature_head.train import train
+    from .arch import load
 
     model, tokenizer = load(config.source)
     conversations = read_conversations(config.data)
