@@ -125,7 +125,7 @@ def train(head: FeatureHead, embed: torch.nn.Embedding, data: Features, config: 
     device = head.fc.weight.device
     vocab = head.d2t.cpu().numpy() + np.arange(len(head.d2t))
     where = torch.from_numpy(draft_positions(vocab, head.config.vocab_size)).to(device)
-    trainable = [p for n, p in head.named_parameters()]
+    trainable = list(head.parameters())
     opt = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=0.0, betas=(0.9, 0.95))
     step = 0
     if checkpoint is not None and checkpoint.is_file():

@@ -30,6 +30,8 @@ class SplitModel:
         self._ids = np.zeros((1, self.max_context), dtype=np.int64)            # [1, N]
         self.outputs: dict[str, dict] = {}  # each decoder graph's last outputs (views until its next pass)
         self.after_verify = None  # called with (start, rows) after each verify pass (a feature head's drafter)
+        width = (self.max_rows, len(manifest.feature_layers), manifest.model.hidden_size)
+        self._features = np.zeros(width, np.float32) if manifest.feature_layers else None  # [R, 3, H]
 
     def _positional(self, start: int, rows: int) -> dict[str, np.ndarray]:
         if start + rows > self.max_context:
@@ -67,7 +69,7 @@ class SplitModel:
         m = self.manifest
         rows = [self.outputs[graph][name][0] for graph, name in
                 (io_names.feature_output(j, m.exit_layer, m.model.num_layers) for j in m.feature_layers)]
-        return np.stack(rows, 1)
+        return np.stack(rows, 1, out=self._features[: rows[0].shape[0]])  # written in place: no per-pass allocation
 
     def project_features(self, features: np.ndarray) -> np.ndarray:
         """A feature head's input [S, H] from features [S, 3, T] (the feature_fc graph)."""
