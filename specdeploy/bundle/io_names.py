@@ -26,6 +26,7 @@ DRAFT_HEAD = "draft_head"
 FEATURE_FC = "feature_fc"        # a feature head's projection of the features it reads
 FEATURE_HEAD = "feature_head"    # a feature head's decoder layer (export/feature_graphs.py)
 GRAPH_NAMES = (DRAFT, VERIFY, HEAD, DRAFT_HEAD, FEATURE_FC, FEATURE_HEAD)
+FEATURE_GRAPHS = (FEATURE_FC, FEATURE_HEAD)
 
 
 def past_key(layer: int) -> str:

@@ -124,7 +124,7 @@ def calibrate(bundle: Path, manifest, plan: dict, method: str, options: ComputeO
     if options.float_outliers and (method == "ort" or not set(plan.values()) & set(COMPUTE_FORMS)):
         raise ConfigError("--float-outliers applies to int4 / int8 graphs made by --method rtn, mse, minmax "
                           "or gptq (ONNX Runtime's own quantizer, ort, writes its graphs whole); drop it")
-    ints = {n for n, p in plan.items() if p in COMPUTE_FORMS and method != "ort"}
+    ints = {n for n, p in plan.items() if p in COMPUTE_FORMS and method != "ort" and n not in io_names.FEATURE_GRAPHS}
     wants = {n for n in ints if options.outliers_for(plan[n])}
     rounds = ints if method == "gptq" else set()
     calibration = Calibration(lambda: calibration_feeds(bundle, manifest, texts), {}, {})

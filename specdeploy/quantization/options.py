@@ -7,7 +7,6 @@ from pathlib import Path
 from ..bundle import io_names
 from ..config import check_method, check_precision
 from ..constants import DEFAULT_QUANT_METHOD
-from ..errors import ConfigError
 from .compute import ComputeOptions
 
 
@@ -38,9 +37,8 @@ class QuantizeOptions:
         """Precision per graph of `manifest`."""
         draft, verify = self.draft_precision or self.precision, self.verify_precision or self.precision
         by_graph = {io_names.DRAFT: draft, io_names.DRAFT_HEAD: draft, io_names.VERIFY: verify, io_names.HEAD: verify}
-        if io_names.FEATURE_HEAD in manifest.graphs:
-            raise ConfigError("this bundle has a feature head, whose graphs are exported in fp32 only for now; "
-                              "export it with --precision fp32, or export without --feature-head to quantize")
+        feature = "fp16" if draft == "fp8" else draft  # a drafter: fp8's calibrator has no feeds for it
+        by_graph.update({name: feature for name in io_names.FEATURE_GRAPHS})
         return {name: by_graph[name] for name in manifest.graphs}
 
     def label(self, plan: dict[str, str]) -> str:

@@ -105,9 +105,10 @@ def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str,
     for name, graph in manifest.graphs.items():
         src, dst = bundle / graph.file, tmp / graph.file
         feeds = lambda name=name: calibration.feeds.get(name)  # noqa: E731  (made only where fp8 asks)
-        carried[name] = _quantize_graph(src, dst, plan[name], method, feeds, indexes,
-                                        options, found.get(name), calibration.grams(name), context,
-                                        lm_head=name == io_names.HEAD)
+        drafter = name in io_names.FEATURE_GRAPHS  # see _feature_method
+        carried[name] = _quantize_graph(src, dst, plan[name], _feature_method(method) if drafter else method,
+                                        feeds, indexes, options, found.get(name), calibration.grams(name),
+                                        context, lm_head=name == io_names.HEAD)
         folded[name] = folded_count(dst) if plan[name] in COMPUTE_FORMS else 0
         fused[name] = fused_count(dst) if plan[name] in COMPUTE_FORMS else 0
         files[Path(graph.file).stem] = dst if plan[name] != "fp32" else src
@@ -120,14 +121,22 @@ def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str,
         echo(f"{name}: {plan[name]}{blocks}{_carried(carried[name], folded[name])}{kept}")
         mark(f"quantizing the {name} graph")
     draft, head = plan[io_names.DRAFT], plan[io_names.HEAD]
-    bits = draft in COMPUTE_FORMS and head == draft and quantize_embedding(
-        tmp / manifest.graph(io_names.DRAFT).file, tmp / manifest.graph(io_names.HEAD).file, draft,
-        indexes.get(draft), options)
-    if bits:
-        echo(f"embedding: {bits}-bit blocks (GatherBlockQuantized)")
+    readers = [n for n in (io_names.DRAFT, io_names.FEATURE_HEAD) if n in manifest.graphs]
+    bits = [draft in COMPUTE_FORMS and head == draft and quantize_embedding(
+        tmp / manifest.graph(name).file, tmp / manifest.graph(io_names.HEAD).file, draft, indexes.get(draft), options)
+        for name in readers]  # the same blocks: the shared weights file stores them once
+    if bits[0]:
+        echo(f"embedding: {bits[0]}-bit blocks (GatherBlockQuantized{', the feature head reads them too' * (len(bits) > 1)})")
     counts = {"gguf_carried_weights": carried, "folded_offsets": folded, "fused_attention": fused,
               "float_outlier_channels": {n: int(sum(map(len, c.values()))) for n, c in found.items()}}
     return files, counts
+
+
+def _feature_method(method: str) -> str:
+    """How a feature head's weights are rounded: as asked, except GPTQ, whose Gram matrices would
+    need the head run over the calibration text; to nearest instead (a drafter's rounding costs
+    acceptance, never exactness: the verify pass decides every token)."""
+    return "rtn" if method == "gptq" else method
 
 
 def _attention_line(fused: dict, reason: str | None) -> str:

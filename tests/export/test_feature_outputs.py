@@ -121,15 +121,41 @@ def test_feature_head_options_fail_in_one_line(tmp_path, tiny_model_dir, head_bu
     from click.testing import CliRunner
 
     from specdeploy.cli import main
-    from specdeploy.quantization.quantize import QuantizeOptions, quantize
 
     result = CliRunner().invoke(main, ["export", "--exit-layer", "2", str(tiny_model_dir), "--feature-head",
                                        str(tmp_path / "nothing"), "-o", str(tmp_path / "b")])
     assert result.exit_code != 0 and "not an EAGLE-3 head's directory" in result.output
     assert "Traceback" not in result.output
-    with pytest.raises(ConfigError, match="feature head.*fp32 only for now"):
-        quantize(head_bundle[0], tmp_path / "q", QuantizeOptions("int8", method="rtn", report=False),
-                 echo=lambda line: None)
+
+
+@pytest.mark.parametrize("precision, method", [("int4", "gptq"), ("int8", "rtn"), ("fp16", "rtn")])
+def test_a_quantized_bundle_carries_its_head_in_its_precision(head_bundle, tmp_path, precision, method):
+    """The head's graphs follow the draft graph's precision (GPTQ rounds them to nearest); an integer
+    head reads the embedding's quantized blocks, so no fp32 table is left; drafts and greedy
+    identity hold as in fp32."""
+    import onnx
+
+    from specdeploy.quantization.quantize import QuantizeOptions, quantize
+
+    out = quantize(head_bundle[0], tmp_path / precision, QuantizeOptions(precision, method=method, report=False),
+                   echo=lambda line: None)
+    graphs = manifest_io.read(out).graphs
+    assert {graphs[n].precision for n in io_names.FEATURE_GRAPHS} == {precision}
+    ops = {n.op_type for n in onnx.load(str(out / graphs[io_names.FEATURE_HEAD].file), load_external_data=False).graph.node}
+    if precision != "fp16":
+        assert {"MatMulNBits", "GatherBlockQuantized"} <= ops and "Gather" not in ops
+        fp32 = sum(t.dims[0] * t.dims[1] * 4 for g in graphs.values() for t in onnx.load(
+            str(out / g.file), load_external_data=False).graph.initializer if list(t.dims) == [96, 64]
+            and t.data_type == onnx.TensorProto.FLOAT)
+        assert fp32 == 0  # no graph reads the fp32 embedding table any more
+    ids = [3, 17, 42, 8, 9, 60, 7]
+    with Engine(out) as engine:
+        plain = engine.generate_ids(ids, GenerationConfig(max_new_tokens=12, ignore_eos=True, speculative=False))
+        stats = GenerationStats()
+        config = GenerationConfig(max_new_tokens=12, ignore_eos=True, draft_source="feature", num_draft_tokens=3)
+        spec = [t for step in engine.decoder.generate(ids, config, stats) for t in step.tokens]
+        assert spec == plain
+        assert stats.by_source["feature"][1] > 0  # the quantized head drafted
 
 
 def _torch_drafts(head_dir, model_dir, ids: list[int], pending: int, n: int) -> list[int]:
