@@ -263,6 +263,7 @@ class HybridDrafter:
         elif draft.source in ("early_exit", "feature"):  # the model's own drafter: its exit, or its feature head
             (self.probe if self.probing else self.full).rate.add(accepted + 1, seconds)
         self.lookup.observe(draft, accepted, seconds)
+        self.early_exit.observe(draft, accepted, seconds)  # a feature head sizes its drafts by these
 
     def _early_tokens(self, num_draft_tokens: int) -> int:
         """Draft tokens for a round without a lookup match: 0 (plain step), 1 (probe) or all; full

@@ -10,19 +10,46 @@ the pending token and drafts from the head's own outputs, one head call a token;
 draft-graph call writes the drafts' draft-layer KV rows as lookup drafts do, and the verify pass and
 rejection sampling are the same as for any source. Draft rows the verify pass rejects leave head
 KV rows past the valid length, overwritten by the next round: the head rolls back with the model.
+
+At greedy, a draft's length follows the head's confidence, as EAGLE-2 sizes its drafts: the j-th
+draft token is kept while the chance that it and every one before it are accepted (the product of
+the head's top probabilities, scaled by how often such predictions were borne out: `Calibration`)
+is worth the extra row it costs (`RowCosts`: this source's rounds and plain steps, timed as the
+engine runs). A first token not worth its row makes the round a plain step. Sampled rounds draft
+the length asked for, so a seed's text never depends on what the machine measured.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..config import SamplingParams
-from ..constants import MAX_DRAFT_TOKENS
+from ..constants import MAX_DRAFT_TOKENS, PLAIN
+from .copy_length import RowCosts
 from .drafting import Draft
 from .sampling import sample, warp
 from .settings import DecodeSettings
 from .split_model import SplitModel
 
 SOURCE = "feature"
+UNPRICED_ROW = 0.1  # a draft row's price in plain steps until rounds of this source were timed
+
+
+class Calibration:
+    """How often the j-th draft was accepted against the product of the head's confidences that
+    predicted it (decayed sums, a prior of one borne-out prediction): the scale on that product."""
+
+    def __init__(self, decay: float = 0.98):
+        self.decay = decay
+        self.predicted = np.ones(MAX_DRAFT_TOKENS)   # [j]
+        self.accepted = np.ones(MAX_DRAFT_TOKENS)    # [j]
+
+    def add(self, predicted: np.ndarray, accepted: int) -> None:
+        n = len(predicted)
+        self.predicted[:n] = self.decay * self.predicted[:n] + predicted
+        self.accepted[:n] = self.decay * self.accepted[:n] + (np.arange(n) < accepted)
+
+    def scale(self) -> np.ndarray:
+        return self.accepted / self.predicted                              # [j]
 
 
 class FeatureDrafter:
@@ -34,6 +61,8 @@ class FeatureDrafter:
         self.valid = 0          # head KV rows computed from committed positions' features
         self.in_step = True     # False once a pass's rows could not be read (another source's separate passes)
         self.probs = np.zeros((MAX_DRAFT_TOKENS, model.manifest.model.vocab_size), np.float64)  # [γmax, V]
+        self.costs, self.calibration = RowCosts(), Calibration()
+        self.chain = np.zeros(MAX_DRAFT_TOKENS)  # [γmax] the last greedy draft's products of confidences
         model.after_verify = self.after_verify
 
     def after_verify(self, start: int, rows: int) -> None:
@@ -64,15 +93,31 @@ class FeatureDrafter:
         return out
 
     def observe(self, draft: Draft, accepted: int, seconds: float) -> None:
-        """Greedy round outcomes (unused: the hybrid prices this source)."""
+        """Greedy rounds: plain steps and this source's rounds price rows; this source's rounds also
+        calibrate its confidence."""
+        if draft.source == PLAIN:
+            self.costs.add(1, seconds)
+        elif draft.source == SOURCE:
+            self.costs.add(len(draft.tokens) + 1, seconds)
+            self.calibration.add(self.chain[: len(draft.tokens)], accepted)
 
-    def _pick(self, logits: np.ndarray, params: SamplingParams, rng, row: int) -> int:
+    def row_prices(self, n: int) -> np.ndarray:
+        """[n] what the j-th draft's row adds to a round, in plain steps (head call, draft and verify row)."""
+        seconds = self.costs.seconds(n + 1)                                  # [n + 1] rounds of 1..n+1 rows
+        if seconds is None:
+            return np.full(n, UNPRICED_ROW)
+        return np.maximum(np.diff(seconds) / seconds[0], 0.0)
+
+    def _pick(self, logits: np.ndarray, params: SamplingParams, rng, row: int) -> tuple[int, float]:
+        """(token id, the head's probability of it) from draft logits [V']."""
         if params.greedy:
-            return int(self.vocab_ids[int(logits.argmax())])
+            best = int(logits.argmax())
+            return int(self.vocab_ids[best]), float(1.0 / np.exp(logits - logits[best]).sum())
         q = warp(logits[None], params)[0]  # [V']
         self.probs[row] = 0.0
         self.probs[row, self.vocab_ids] = q
-        return int(self.vocab_ids[sample(q, rng)])
+        index = sample(q, rng)
+        return int(self.vocab_ids[index]), float(q[index])
 
     def draft(self, history, pending: int, start: int, num_draft_tokens: int, settings: DecodeSettings,
               rng) -> Draft | None:
@@ -80,11 +125,21 @@ class FeatureDrafter:
         if caught is None or num_draft_tokens == 0:
             return None
         logits, hidden = caught
+        greedy = settings.sampling.greedy
+        worth = self.row_prices(num_draft_tokens) / self.calibration.scale()[:num_draft_tokens] if greedy else None
         tokens: list[int] = []
+        chance = 1.0
         for i in range(num_draft_tokens):
-            tokens.append(self._pick(logits[-1], settings.sampling, rng, i))
+            token, confidence = self._pick(logits[-1], settings.sampling, rng, i)
+            chance *= confidence
+            if greedy and chance < worth[i]:
+                break  # this draft and any after it are expected to add less than their rows cost
+            tokens.append(token)
+            self.chain[i] = chance
             if i + 1 < num_draft_tokens:  # the chain: own output, the token just drafted, next position
                 logits, hidden = self.model.feature_head_pass(hidden[-1:], tokens[-1:], start + i)
+        if not tokens:
+            return None
         rows = self.model.draft_pass([pending, *tokens], start)  # [m+1, H]
         probs = None if settings.sampling.greedy else self.probs[: len(tokens)]
         return Draft(tokens, probs, rows, SOURCE)

@@ -190,6 +190,7 @@ def test_feature_drafts_are_the_heads_and_greedy_output_is_plain(head_bundle, ti
     ids = [3, 17, 42, 8, 9, 60, 7]
     with Engine(bundle, prefill_chunk=chunk) as engine:
         drafter = engine.decoder.drafters["feature"]
+        drafter.row_prices = lambda n: np.zeros(n)  # every draft worth its row: the whole chain is drafted
         seen = []
         original = drafter.draft
 
@@ -207,6 +208,42 @@ def test_feature_drafts_are_the_heads_and_greedy_output_is_plain(head_bundle, ti
         assert all(s is not None for s in seen)  # the head stayed in step every round
         sampled = GenerationConfig(max_new_tokens=12, ignore_eos=True, draft_source="feature", temperature=1.0, seed=3)
         assert len(engine.generate_ids(ids, sampled)) == 12
+
+
+def test_drafts_are_as_long_as_the_heads_confidence_pays_for(head_bundle):
+    """At greedy the chain stops where the product of the head's confidences falls below the price
+    of a row; output is plain's whatever the lengths."""
+    ids, config = [3, 17, 42, 8, 9], GenerationConfig(max_new_tokens=16, ignore_eos=True, draft_source="feature",
+                                                      num_draft_tokens=4)
+    with Engine(head_bundle[0]) as engine:
+        drafter = engine.decoder.drafters["feature"]
+        plain = engine.generate_ids(ids, GenerationConfig(max_new_tokens=16, ignore_eos=True, speculative=False))
+        lengths = {}
+        for price in (0.0, 0.02, 1.01):  # a random head's top probability is ~0.05: products fall fast
+            drafter.row_prices = lambda n, price=price: np.full(n, price)
+            stats = GenerationStats()
+            assert [t for s in engine.decoder.generate(ids, config, stats) for t in s.tokens] == plain
+            rounds, drafted, _ = stats.by_source.get("feature", [0, 0, 0])
+            lengths[price] = drafted / max(rounds, 1)
+    assert lengths[0.0] > lengths[0.02] > 0 == lengths[1.01]  # nothing is surer than 1.01
+
+
+def test_confidence_is_calibrated_and_rows_priced_by_timed_rounds():
+    from specdeploy.runtime.copy_length import RowCosts
+    from specdeploy.runtime.drafting import Draft
+    from specdeploy.runtime.feature_drafting import UNPRICED_ROW, Calibration, FeatureDrafter
+
+    calibration = Calibration(decay=1.0)
+    for _ in range(99):
+        calibration.add(np.array([0.8, 0.4]), accepted=1)  # the first borne out more often than predicted
+    assert calibration.scale()[0] == pytest.approx(100 / 80.2) and calibration.scale()[1] == pytest.approx(1 / 40.6)
+    drafter = FeatureDrafter.__new__(FeatureDrafter)  # its pricing only: no model behind it
+    drafter.costs, drafter.calibration, drafter.chain = RowCosts(decay=1.0), calibration, np.zeros(8)
+    assert list(drafter.row_prices(2)) == [UNPRICED_ROW] * 2
+    for _ in range(4):
+        drafter.observe(Draft([], None, None, "plain"), 0, 1.0)
+        drafter.observe(Draft([5, 6], None, None, "feature"), 1, 1.5)
+    assert drafter.row_prices(2) == pytest.approx([0.25, 0.25])  # three rows: 1.5 plain steps
 
 
 def test_a_bundle_without_a_head_names_the_fix(tiny_engine):
@@ -229,6 +266,7 @@ def test_feature_drafts_keep_the_sampling_distribution(head_bundle):
 
 def test_the_hybrid_drafts_with_the_head_where_no_lookup_matches(head_bundle):
     with Engine(head_bundle[0]) as engine:
+        engine.decoder.drafters["feature"].row_prices = lambda n: np.zeros(n)  # a random head: worth any row
         stats = GenerationStats()
         config = GenerationConfig(max_new_tokens=24, ignore_eos=True, draft_source="hybrid")
         spec = [t for step in engine.decoder.generate([3, 17, 42, 8], config, stats) for t in step.tokens]
