@@ -42,6 +42,7 @@ def main() -> None:
     from specdeploy.export import train_head as pipeline
     from specdeploy.feature_head.data import Features, read_conversations, render
     from specdeploy.feature_head.evaluate import acceptance
+    from specdeploy.feature_head.model import TokenEmbedding
     from specdeploy.feature_head.train import TrainConfig, train
 
     budgets = [int(b) for b in args.budgets.split(",")]
@@ -56,7 +57,7 @@ def main() -> None:
     print(f"features: {len(every):,} positions in {time.perf_counter() - started:.0f} s")
     held = read_conversations(args.held)[: args.held_prompts]
     replies, scored = pipeline._replies(model, tokenizer, held, 64, layers, print)
-    embed = torch.nn.Embedding.from_pretrained(model.get_input_embeddings().weight.detach().clone())
+    embed = TokenEmbedding(model)
     for budget in budgets:
         data = Features(**{f.name: getattr(every, f.name)[:budget] for f in dataclasses.fields(Features)})
         steps = max(50, int(args.epochs * len(data) / (8 * 256)))

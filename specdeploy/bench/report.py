@@ -20,6 +20,7 @@ def _mode_dict(mode: ModeResult, plain: ModeResult) -> dict:
         "by_source": {s: {"rounds": r, "draft_tokens": d, "accepted_tokens": a,
                           "acceptance_rate": round(a / d, 4) if d else 0.0}
                       for s, (r, d, a) in mode.by_source.items()},
+        "positions": {s: counts for s, counts in mode.totals.positions.items()},  # [[reached, accepted] per j]
     }
 
 
@@ -90,6 +91,7 @@ def markdown(results: dict) -> str:
                      + spread(r[m].get("speedup_range")) for m in modes if m != "plain"]
             lines.append(f"| {cat} | {r['plain']['tokens_per_second']:.1f} | " + " | ".join(cells) + " |")
         lines.append("")
+    lines += _position_lines(results)
     if "lookup_bound" in results:
         lines += _bound_lines(results)
     if "sweep" in results:
@@ -106,6 +108,34 @@ def markdown(results: dict) -> str:
                      f"speculative {mem['speculative']['peak_mb']:.0f} MB "
                      f"({100 * mem['speculative_overhead']:+.1f}%).")
     return "\n".join(lines) + "\n"
+
+
+def _position_lines(results: dict) -> list[str]:
+    """Greedy acceptance by draft position for each drafting source, over every category, and what
+    a feature head's calls cost beside a plain step."""
+    totals: dict[tuple[str, str], list[list[int]]] = {}
+    for category in results["results"].get("0.0", {}).values():
+        for mode, r in category.items():
+            for source, counts in r.get("positions", {}).items():
+                mine = totals.setdefault((mode, source), [])
+                mine += [[0, 0] for _ in range(len(counts) - len(mine))]
+                for j, (reached, accepted) in enumerate(counts):
+                    mine[j][0] += reached
+                    mine[j][1] += accepted
+    if not totals:
+        return []
+    lines = ["## acceptance by draft position (greedy, all categories)", "",
+             "P(the j-th draft accepted | the ones before it were), with the rounds that reached it.", "",
+             "| mode | source | j = 1, 2, … |", "|---|---|---|"]
+    for (mode, source), counts in totals.items():
+        cells = ", ".join(f"{a / r:.2f} ({r})" if r else "-" for r, a in counts)
+        lines.append(f"| {mode} | {source} | {cells} |")
+    head = results.get("feature_head_ms")
+    if head:
+        lines += ["", f"Feature head: one call {head['head_call']:.2f} ms, the features' projection "
+                      f"{head['projection']:.2f} ms, against a plain one-row step of {head['step']:.2f} ms "
+                      f"({head['head_call'] / head['step']:.1%} and {head['projection'] / head['step']:.1%} of it)."]
+    return lines + [""]
 
 
 def spread(bounds) -> str:

@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import prompts as prompt_sets
+from ..bundle import io_names
 from ..config import GenerationConfig, check_ngram
 from ..constants import SOURCES, VERSION
 from ..errors import SpecDeployError
-from ..runtime.costs import CostModel, measure
+from ..runtime.costs import CostModel, feature_head_costs, measure
 from ..runtime.engine import Engine
 from ..runtime.timing import ModeResult, run_modes
 from .priced import priced_speedups
@@ -163,6 +164,8 @@ def run(config: BenchConfig) -> dict:
             costs = measure(engine.model, engine.manifest.num_draft_tokens + 1)
             results["lookup_bound"] = lookup_bound(engine, categories, config.lookup_ngram, costs)
             results["priced"] = priced_speedups(categories, costs, engine.manifest.exit_layer)
+        if io_names.FEATURE_HEAD in engine.manifest.graphs:
+            results["feature_head_ms"] = feature_head_costs(engine.model)
         results["memory"] = peak_memory
         if config.sweep:
             from .sweep import sweep

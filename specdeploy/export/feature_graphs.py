@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..bundle import io_names
-from ..feature_head.model import FeatureHead, rotary
+from ..feature_head.model import FeatureHead, TokenEmbedding, rotary
 from .split import _row_independent_attention, _write_rows, causal_mask
 
 FEATURES = io_names.FEATURES  # [1, seq, 3 T]: each row's features, concatenated in feature_layers order
@@ -43,12 +43,11 @@ class FeatureHeadStep(torch.nn.Module):
 
     def __init__(self, head: FeatureHead, target):
         super().__init__()
-        self.head, self.embed_tokens = head, target.model.embed_tokens
-        self.embedding_multiplier = getattr(target.model, "embedding_multiplier", 1.0)  # Granite
+        self.head, self.embed_tokens = head, TokenEmbedding(target)
 
     def forward(self, hidden_in, input_ids, position_ids, write_index, attention_mask, past: list):
         layer, attn, config = self.head.midlayer, self.head.midlayer.self_attn, self.head.config
-        embeds = self.embed_tokens(input_ids) * self.embedding_multiplier    # [1, S, H]
+        embeds = self.embed_tokens(input_ids)                                 # [1, S, H]
         cos, sin = rotary(position_ids, config.head_dim, config.rope_theta)
         x, residual = layer.inputs(hidden_in, embeds)                          # [1, S, 2H], [1, S, H]
         q, k, v = attn.project(x, cos, sin)                                   # [1, heads, S, D], [1, kv, S, D]

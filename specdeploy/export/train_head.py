@@ -109,7 +109,7 @@ def new_head(model, config: TrainHeadConfig, features: Features):
 
     from ..calibration.vocab import choose
     from ..calibration.data import Activations
-    from ..feature_head.model import FeatureHead
+    from ..feature_head.model import FeatureHead, final_norm_weight
 
     target = model.config
     vocab = choose(Activations({}, features.teacher_ids, features.teacher_probs.astype(np.float32),
@@ -123,13 +123,14 @@ def new_head(model, config: TrainHeadConfig, features: Features):
         head.d2t.copy_(torch.from_numpy(d2t))
         head.t2d.copy_(torch.from_numpy(t2d))
         head.lm_head.weight.copy_(model.lm_head.weight[torch.from_numpy(vocab)])
-        head.norm.weight.copy_(model.model.norm.weight)
+        head.norm.weight.copy_(final_norm_weight(model))
     return head
 
 
 def train_head(config: TrainHeadConfig, echo: Callable[[str], None] = print) -> tuple[Path, Acceptance]:
-    torch = require("torch", "export", "training a feature head")
+    require("torch", "export", "training a feature head")
     from ..feature_head.evaluate import acceptance
+    from ..feature_head.model import TokenEmbedding
     from ..feature_head.train import train
     from .arch import load
 
@@ -142,7 +143,7 @@ def train_head(config: TrainHeadConfig, echo: Callable[[str], None] = print) -> 
     layers = HeadConfig.for_target(model.config).feature_layers
     features = _features(model, tokenizer, config, [render(tokenizer, c) for c in rest], layers, echo)
     head = new_head(model, config, features)
-    embed = torch.nn.Embedding.from_pretrained(model.get_input_embeddings().weight.detach().clone())
+    embed = TokenEmbedding(model, copy=True)
     echo(f"head: {sum(p.numel() for p in head.parameters()) / 1e6:.1f}M parameters, draft vocabulary "
          f"{head.config.draft_vocab_size}, features from layers {list(layers)}; {len(features):,} positions")
     settings = [str(Path(config.data).resolve()), len(features), asdict(config.train), config.draft_vocab_size,

@@ -33,7 +33,7 @@ class Acceptance:
 
 
 @torch.no_grad()
-def acceptance(head: FeatureHead, embed: torch.nn.Embedding, data: Features, gamma: int = 4,
+def acceptance(head: FeatureHead, embed: torch.nn.Module, data: Features, gamma: int = 4,
                scored: np.ndarray | None = None) -> Acceptance:
     """Replays greedy drafting from every position of each conversation in `data`.
     scored [N] bool: positions a round may start from (default all)."""

@@ -127,3 +127,29 @@ class FeatureHead(nn.Module):
         mask = torch.ones(s, t, dtype=torch.bool, device=q.device).tril(t - s)
         out = self.midlayer.finish(self.midlayer.self_attn.attend(q, k, v, mask), residual)
         return self.logits(out), out, (k, v)
+
+
+class TokenEmbedding(nn.Module):
+    """The target's token embedding as its first layer reads it, frozen: Gemma's embedding module
+    scales by √H itself and Granite multiplies by its `embedding_multiplier`. Training, the
+    acceptance replay and the exported head graph all read the token through this one module, so a
+    head trained here sees the same embedding it drafts with."""
+
+    def __init__(self, target, copy: bool = False):
+        super().__init__()
+        import copy as copying
+
+        table = target.get_input_embeddings()
+        self.table = copying.deepcopy(table) if copy else table  # a copy can move to another device alone
+        self.table.requires_grad_(False)
+        self.multiplier = float(getattr(target.model, "embedding_multiplier", 1.0))
+
+    def forward(self, ids):  # [B, S] -> [B, S, H]
+        return self.table(ids) * self.multiplier
+
+
+def final_norm_weight(target) -> torch.Tensor:
+    """The target's final norm as the head's RMSNorm computes it (x · w): Gemma's norms compute
+    x · (1 + w), so its weight is offset by one."""
+    weight = target.model.norm.weight.detach()
+    return weight + 1.0 if target.config.model_type.startswith("gemma") else weight.clone()

@@ -63,7 +63,7 @@ def soft_loss(logits, teacher_ids, teacher_probs, where: torch.Tensor, valid) ->
     return loss, agree
 
 
-def unrolled(head: FeatureHead, embed: torch.nn.Embedding, batch: dict, steps: int):
+def unrolled(head: FeatureHead, embed: torch.nn.Module, batch: dict, steps: int):
     """Yields (step, logits [B, S, V'], valid [B, S], teacher slice) for steps 0..steps-1."""
     layer, attn = head.midlayer, head.midlayer.self_attn
     tokens, seg = batch["tokens"], batch["segment"]
@@ -117,7 +117,7 @@ def _lr(step: int, config: TrainConfig) -> float:
     return config.learning_rate * 0.5 * (1 + math.cos(math.pi * min(1.0, done)))
 
 
-def train(head: FeatureHead, embed: torch.nn.Embedding, data: Features, config: TrainConfig,
+def train(head: FeatureHead, embed: torch.nn.Module, data: Features, config: TrainConfig,
           checkpoint: Path | None = None, report=None) -> FeatureHead:
     """Trains `head` in place; resumes from `checkpoint` where one is saved, and saves to it."""
     torch.manual_seed(config.seed)

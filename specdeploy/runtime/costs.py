@@ -84,7 +84,31 @@ def measure(model: SplitModel, max_rows: int, repeats: int = 15) -> CostModel:
         hidden = np.repeat(one, rows, axis=0)                   # [rows, H]
         calls["verify", rows] = lambda h=hidden: model.verify_pass(h, base)
         calls["head", rows] = lambda h=hidden: model.logits(h)
-    t = interleaved_times(calls, repeats)
+    hook, model.after_verify = model.after_verify, None  # the passes alone: no feature head catching up
+    try:
+        t = interleaved_times(calls, repeats)
+    finally:
+        model.after_verify = hook
     verify = {rows: _paired(t["verify", rows], t["verify", 1]) / (layers - k) for rows in range(1, max_rows + 1)}
     head = {rows: _paired(t["head", rows], t["head", 1]) for rows in range(1, max_rows + 1)}
     return CostModel(layers, float(np.median(t["draft"])) / k, verify, head, float(np.median(t["draft_head"])))
+
+
+def feature_head_costs(model: SplitModel, repeats: int = 15) -> dict[str, float]:
+    """Milliseconds of a feature head's calls beside a plain one-row step (draft and verify passes,
+    LM head), timed in turn: a round adds one projection of the verify pass's features and one head
+    call per draft token (plus one to catch up)."""
+    m = model.manifest
+    base = 32
+    model.verify_pass(model.draft_pass(list(range(3, 3 + base)), 0).copy(), 0)
+    hidden = np.zeros((1, m.model.hidden_size), np.float32)                  # [1, H]
+    features = np.zeros((1, len(m.feature_layers), m.model.hidden_size), np.float32)  # [1, 3, H]
+    calls = {"step": lambda: model.logits(model.verify_pass(model.draft_pass([5], base), base)),
+             "head_call": lambda: model.feature_head_pass(hidden, [5], base),
+             "projection": lambda: model.project_features(features)}
+    hook, model.after_verify = model.after_verify, None
+    try:
+        t = interleaved_times(calls, repeats)
+    finally:
+        model.after_verify = hook
+    return {name: round(1000 * float(np.median(v)), 3) for name, v in t.items()}

@@ -20,6 +20,7 @@ class GenerationStats:
     accepted_histogram: dict[int, int] = field(default_factory=dict)
     by_source: dict[str, list[int]] = field(default_factory=dict)  # source -> [rounds, drafted, accepted]
     round_sizes: dict[str, dict[int, int]] = field(default_factory=dict)  # source -> {tokens drafted: rounds}
+    positions: dict[str, list[list[int]]] = field(default_factory=dict)  # source -> [[reached, accepted] per j]
 
     def record_round(self, source: str, drafted: int, accepted: int) -> None:
         self.rounds += 1
@@ -32,6 +33,19 @@ class GenerationStats:
         entry[2] += accepted
         sizes = self.round_sizes.setdefault(source, {})
         sizes[drafted] = sizes.get(drafted, 0) + 1
+        self._record_positions(source, [[int(j <= accepted), int(j < accepted)] for j in range(drafted)])
+
+    def _record_positions(self, source: str, counts: list[list[int]]) -> None:
+        mine = self.positions.setdefault(source, [])
+        mine += [[0, 0] for _ in range(len(counts) - len(mine))]
+        for j, (reached, accepted) in enumerate(counts):
+            mine[j][0] += reached
+            mine[j][1] += accepted
+
+    def per_position(self, source: str) -> list[float]:
+        """P(the j-th draft accepted | the ones before it were), j = 1, 2, …: a drafter's acceptance
+        by draft position (the j-th is only judged once all before it were accepted)."""
+        return [a / r if r else 0.0 for r, a in self.positions.get(source, [])]
 
     def merge(self, other: "GenerationStats") -> None:
         """Add another generation's counts (for totals over many prompts)."""
@@ -54,6 +68,8 @@ class GenerationStats:
             mine = self.round_sizes.setdefault(source, {})
             for drafted, rounds in sizes.items():
                 mine[drafted] = mine.get(drafted, 0) + rounds
+        for source, counts in other.positions.items():
+            self._record_positions(source, counts)
 
     @property
     def acceptance_rate(self) -> float:
@@ -94,4 +110,5 @@ class GenerationStats:
                 for s, (r, d, a) in self.by_source.items()
             },
             "round_sizes": {s: {str(k): v for k, v in sorted(sizes.items())} for s, sizes in self.round_sizes.items()},
+            "acceptance_per_position": {s: [round(a, 4) for a in self.per_position(s)] for s in self.positions},
         }

@@ -302,3 +302,24 @@ def test_a_streamed_export_keeps_the_heads_weights_in_the_shared_file(head_bundl
         graph = onnx.load(str(bundle / f"{name}.onnx"), load_external_data=False)
         inline = [t.name for t in graph.graph.initializer if len(t.raw_data) >= 1024]
         assert inline == [], (name, inline)
+
+
+def test_bench_reports_the_heads_acceptance_by_position_and_its_share_of_a_step(head_bundle, tmp_path, monkeypatch):
+    import json
+
+    from specdeploy.bench.runner import BenchConfig, bench
+    from specdeploy.runtime.feature_drafting import FeatureDrafter
+
+    monkeypatch.setattr(FeatureDrafter, "row_prices", lambda self, n: np.zeros(n))  # a random head drafts
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"category": "chat", "prompt": "w3 w17 w42 w8"}))
+    config = BenchConfig.quick(bundle=head_bundle[0], prompts_file=prompts, output_dir=tmp_path / "out",
+                               temperatures=(0.0,), plots=False)
+    results, _ = bench(config)
+    assert "feature" in results["overall"]["0.0"]
+    head = results["feature_head_ms"]
+    assert 0 < head["head_call"] and 0 < head["projection"] and 0 < head["step"]
+    markdown = (tmp_path / "out" / "results.md").read_text()
+    assert "## acceptance by draft position" in markdown and "| feature | feature |" in markdown
+    assert "Feature head: one call" in markdown

@@ -60,3 +60,26 @@ def test_a_pass_in_pieces_equals_one_pass(head):
     torch.testing.assert_close(tail_out, out[:, 4:], rtol=1e-4, atol=1e-4)
     assert keys.shape == (1, 2, 7, 8)
     assert np.isfinite(logits.numpy()).all()
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text", "granite"])
+def test_the_head_reads_the_embedding_and_final_norm_the_target_computes(arch):
+    """Gemma scales its embedding by √H and offsets its norms by one, Granite multiplies its
+    embedding: a head started from the target's own final norm and fed its embedding must see what
+    the target's layers see."""
+    import transformers
+
+    from conftest import tiny_config
+    from specdeploy.feature_head.model import RMSNorm, TokenEmbedding, final_norm_weight
+
+    torch.manual_seed(0)
+    target = transformers.AutoModelForCausalLM.from_config(tiny_config(arch)).eval()
+    with torch.no_grad():
+        target.model.norm.weight.normal_()  # a trained norm's weight is not its initial one
+        ids = torch.tensor([[3, 17, 42, 8]])
+        states = target(ids, output_hidden_states=True).hidden_states
+        assert torch.allclose(TokenEmbedding(target)(ids), states[0])
+        norm = RMSNorm(target.config.hidden_size, target.config.rms_norm_eps)
+        norm.weight.copy_(final_norm_weight(target))
+        x = torch.randn(1, 4, target.config.hidden_size)
+        assert torch.allclose(norm(x), target.model.norm(x), atol=1e-5)
