@@ -2,6 +2,7 @@
 
 Usage: python lab/scripts/feature_head_curve.py MODEL --data TRAIN.jsonl --held HELD.jsonl
            [--budgets 100000,300000] [--epochs 4] [--draft-vocab 4096] [--intermediate-size 768]
+           [--freeze-lm-head]
 
 The target is teacher-forced once over the largest budget (cached as `train-head` caches it); each
 budget trains a fresh head on that many leading positions for the same number of epochs and
@@ -35,6 +36,8 @@ def main() -> None:
     parser.add_argument("--intermediate-size", type=int, default=768)
     parser.add_argument("--held-prompts", type=int, default=32)
     parser.add_argument("--ttt-steps", type=int, default=3)
+    parser.add_argument("--freeze-lm-head", action="store_true",
+                        help="keep the LM head and final norm at the target's own (EAGLE-1 froze its LM head)")
     args = parser.parse_args()
     import torch
 
@@ -62,6 +65,9 @@ def main() -> None:
         data = Features(**{f.name: getattr(every, f.name)[:budget] for f in dataclasses.fields(Features)})
         steps = max(50, int(args.epochs * len(data) / (8 * 256)))
         head = pipeline.new_head(model, dataclasses.replace(config, tokens=budget), data)
+        if args.freeze_lm_head:
+            head.lm_head.requires_grad_(False)
+            head.norm.requires_grad_(False)
         started = time.perf_counter()
         head = train(head, embed, data, TrainConfig(steps=steps, ttt_steps=args.ttt_steps), report=_report(steps))
         took = time.perf_counter() - started
