@@ -128,19 +128,23 @@ def test_feature_head_options_fail_in_one_line(tmp_path, tiny_model_dir, head_bu
     assert "Traceback" not in result.output
 
 
-@pytest.mark.parametrize("precision, method", [("int4", "gptq"), ("int8", "rtn"), ("fp16", "rtn")])
-def test_a_quantized_bundle_carries_its_head_in_its_precision(head_bundle, tmp_path, precision, method):
-    """The head's graphs follow the draft graph's precision (GPTQ rounds them to nearest); an integer
-    head reads the embedding's quantized blocks, so no fp32 table is left; drafts and greedy
-    identity hold as in fp32."""
+@pytest.mark.parametrize("precision, method, tensorrt", [("int4", "gptq", False), ("int8", "rtn", True),
+                                                         ("fp16", "rtn", False)])
+def test_a_quantized_bundle_carries_its_head_in_its_precision(head_bundle, tmp_path, precision, method, tensorrt):
+    """The head's graphs follow the draft graph's precision (GPTQ rounds them to nearest), with
+    TensorRT's DequantizeLinear form beside them where asked; an integer head reads the embedding's
+    quantized blocks, so no fp32 table is left; drafts and greedy identity hold as in fp32."""
     import onnx
 
     from specdeploy.quantization.quantize import QuantizeOptions, quantize
 
-    out = quantize(head_bundle[0], tmp_path / precision, QuantizeOptions(precision, method=method, report=False),
-                   echo=lambda line: None)
+    options = QuantizeOptions(precision, method=method, report=False, tensorrt=tensorrt)
+    out = quantize(head_bundle[0], tmp_path / precision, options, echo=lambda line: None)
     graphs = manifest_io.read(out).graphs
     assert {graphs[n].precision for n in io_names.FEATURE_GRAPHS} == {precision}
+    if tensorrt:
+        forms = [onnx.load(str(out / graphs[n].tensorrt_file)) for n in io_names.FEATURE_GRAPHS]
+        assert all(n.domain != "com.microsoft" for form in forms for n in form.graph.node)
     ops = {n.op_type for n in onnx.load(str(out / graphs[io_names.FEATURE_HEAD].file), load_external_data=False).graph.node}
     if precision != "fp16":
         assert {"MatMulNBits", "GatherBlockQuantized"} <= ops and "Gather" not in ops
@@ -150,6 +154,7 @@ def test_a_quantized_bundle_carries_its_head_in_its_precision(head_bundle, tmp_p
         assert fp32 == 0  # no graph reads the fp32 embedding table any more
     ids = [3, 17, 42, 8, 9, 60, 7]
     with Engine(out) as engine:
+        engine.decoder.drafters["feature"].row_prices = lambda n: np.zeros(n)  # a random head: worth any row
         plain = engine.generate_ids(ids, GenerationConfig(max_new_tokens=12, ignore_eos=True, speculative=False))
         stats = GenerationStats()
         config = GenerationConfig(max_new_tokens=12, ignore_eos=True, draft_source="feature", num_draft_tokens=3)
