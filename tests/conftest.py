@@ -137,6 +137,7 @@ def head_bundle(tmp_path_factory):
                if k not in ("d2t", "t2d")}
     tensors["d2t"], tensors["t2d"] = eagle3.vocab_maps(np.sort(rng.choice(96, 40, replace=False)), 96)
     eagle3.write(root / "head", config, tensors)
+    eagle3.write_acceptance(root / "head", {"per_position": [0.5, 0.25], "tau": 1.625, "training_positions": 1000})
     return export_tiny("llama", root, feature_head=root / "head"), root / "head"
 
 

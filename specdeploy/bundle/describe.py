@@ -29,7 +29,7 @@ def describe(bundle: Path, verify: bool = False) -> str:
     lines += _compute_lines(m.extra)
     for name, g in m.graphs.items():
         layers = f" layers {g.kv_layers[0]}..{g.kv_layers[1] - 1}" if g.kv_layers else ""
-        lines.append(f"graph       {name:<10} {g.file:<16} {g.precision}{layers}")
+        lines.append(f"graph       {name:<12} {g.file:<17} {g.precision}{layers}")
     weights = Path(bundle) / m.weights
     if weights.is_file():
         lines.append(f"weights     {m.weights} {weights.stat().st_size / 2**20:.0f} MiB (shared, deduplicated)")
@@ -38,6 +38,12 @@ def describe(bundle: Path, verify: bool = False) -> str:
     if m.feature_vocab:
         lines.append(f"feature head reads layers {', '.join(map(str, m.feature_layers))} (draft source 'feature'); "
                      f"{m.feature_vocab} ({_rows(Path(bundle) / m.feature_vocab)} draft tokens)")
+        measured = m.extra.get("feature_head_acceptance")
+        if measured:
+            rates = " ".join(f"{a:.2f}" for a in measured["per_position"])
+            lines.append(f"head        held-out acceptance by draft position {rates}, tau {measured['tau']:.2f} "
+                         f"at gamma {len(measured['per_position'])} (train-head, "
+                         f"{measured.get('training_positions', 0):,} training positions)")
     if m.calibration:
         lines.append(f"calibration {_calibration(m.calibration)}")
     if m.exit_agreement is not None:

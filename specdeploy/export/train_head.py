@@ -161,4 +161,8 @@ def train_head(config: TrainHeadConfig, echo: Callable[[str], None] = print) -> 
     replies, scored = _replies(model, tokenizer, held, config.reply_tokens, layers, echo)
     measured = acceptance(head.cpu(), embed.cpu(), replies, config.gamma, scored)
     echo(f"held-out: {measured.line()}")
+    eagle3.write_acceptance(config.output, {
+        "per_position": [round(a, 4) for a in measured.per_position], "tau": round(measured.tau, 4),
+        "rounds": measured.rounds, "training_positions": len(features), "held_out_conversations": config.held_out,
+        "measured_on": "greedy drafting replayed over the model's own replies to held-out prompts"})
     return Path(config.output), measured

@@ -185,6 +185,12 @@ def write_bundle(model, tokenizer, config, staging: Path, draft: DraftHead | Non
     tok, template = save_tokenizer(tokenizer, staging)
     extra = {"weights_bytes": sizes["written"], "weights_bytes_before_dedup": sizes["referenced"],
              "source": str(Path(config.source).resolve())}
+    if config.feature_head is not None:
+        from ..feature_head.eagle3 import read_acceptance
+
+        measured = read_acceptance(config.feature_head)
+        if measured:
+            extra["feature_head_acceptance"] = measured
     manifest = manifest.replace(tokenizer=tok, chat_template=template, extra=extra, calibration=calibration)
     if config.validate:
         _validate(model, staging, manifest, adapter, vocab_ids, streamed, echo, head)

@@ -176,3 +176,21 @@ def write(directory: Path, config: HeadConfig, tensors: dict[str, np.ndarray]) -
     save_file(arrays, str(directory / WEIGHTS), metadata={"format": "pt"})
     (directory / "config.json").write_text(json.dumps(config_json(config), indent=2) + "\n")
     return directory
+
+
+ACCEPTANCE = "acceptance.json"  # ours, beside the EAGLE-3 files (other runtimes ignore it)
+
+
+def write_acceptance(directory: Path, measured: dict) -> None:
+    """What `train-head` measured for this head (held-out acceptance per draft position, tau),
+    kept with it so a bundle made from it can say so."""
+    (Path(directory) / ACCEPTANCE).write_text(json.dumps(measured, indent=2) + "\n")
+
+
+def read_acceptance(directory: Path) -> dict | None:
+    path = Path(directory) / ACCEPTANCE
+    try:
+        measured = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # a head from elsewhere: nothing measured here
+    return measured if isinstance(measured, dict) and isinstance(measured.get("per_position"), list) else None

@@ -290,6 +290,7 @@ def test_inspect_shows_the_head(head_bundle):
     assert result.exit_code == 0, result.output
     assert "feature head reads layers 1, 2, 3" in result.output and "(40 draft tokens)" in result.output
     assert "feature_head" in result.output
+    assert "held-out acceptance by draft position 0.50 0.25, tau 1.62 at gamma 2" in result.output
 
 
 def test_a_streamed_export_keeps_the_heads_weights_in_the_shared_file(head_bundle, tmp_path):

@@ -30,6 +30,8 @@ def test_train_head_writes_a_head_and_resumes(tiny_model_dir, conversations, tmp
     assert "acceptance per draft position" in first.output and "tau" in first.output
     config, tensors = eagle3.read(tmp_path / "head")
     assert config.draft_vocab_size == 48 and config.target_num_layers == 4
+    measured = eagle3.read_acceptance(tmp_path / "head")  # kept with the head: a bundle made from it says it
+    assert len(measured["per_position"]) == 4 and f"tau {measured['tau']:.2f}" in first.output
     second = CliRunner().invoke(main, args)
     assert second.exit_code == 0, second.output
     assert "target features: cached" in second.output
