@@ -84,7 +84,7 @@ def measure(model: SplitModel, max_rows: int, repeats: int = 15) -> CostModel:
         hidden = np.repeat(one, rows, axis=0)                   # [rows, H]
         calls["verify", rows] = lambda h=hidden: model.verify_pass(h, base)
         calls["head", rows] = lambda h=hidden: model.logits(h)
-    hook, model.after_verify = model.after_verify, None  # the passes alone: no feature head catching up
+    hook, model.after_verify = getattr(model, "after_verify", None), None  # the passes alone: no head catching up
     try:
         t = interleaved_times(calls, repeats)
     finally:
@@ -106,7 +106,7 @@ def feature_head_costs(model: SplitModel, repeats: int = 15) -> dict[str, float]
     calls = {"step": lambda: model.logits(model.verify_pass(model.draft_pass([5], base), base)),
              "head_call": lambda: model.feature_head_pass(hidden, [5], base),
              "projection": lambda: model.project_features(features)}
-    hook, model.after_verify = model.after_verify, None
+    hook, model.after_verify = getattr(model, "after_verify", None), None
     try:
         t = interleaved_times(calls, repeats)
     finally:

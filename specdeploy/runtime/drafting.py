@@ -30,6 +30,8 @@ class Draft:
 class EarlyExitDrafter:
     """Draft token by token through the draft graph and the (calibrated) draft head."""
 
+    competes_with_copies = False  # a draft pass a token: too dear to ask where a copy is on offer
+
     def __init__(self, model: SplitModel, vocab_ids: np.ndarray | None, threshold: float | None):
         self.model, self.vocab_ids, self.threshold = model, vocab_ids, threshold
         hidden, vocab = model.manifest.model.hidden_size, model.manifest.model.vocab_size
@@ -150,20 +152,29 @@ class LookupDrafter:
         if draft.source in (PLAIN, "lookup"):
             self.length.observe(len(draft.tokens) + 1, draft.match, len(draft.tokens), accepted, seconds)
 
-    def draft(self, history, pending: int, start: int, num_draft_tokens: int, settings: DecodeSettings,
-              rng) -> Draft | None:
+    def propose(self, history, num_draft_tokens: int, settings: DecodeSettings) -> tuple[list[int], int]:
+        """The copy this round would draft and its match's evidence class (no tokens: none)."""
         if num_draft_tokens == 0:
-            return None
+            return [], 0
         continuation, match = find_continuation(history, num_draft_tokens, *settings.lookup_ngram)
         if not settings.sampling.greedy:
             match = 0  # a seed's text must not depend on measurements: copy what the match offers
         elif match:
             continuation = continuation[: self.length.choose(match, len(continuation))]
-        if len(continuation) == 0:
-            return None
-        tokens = [int(t) for t in continuation]
+        return [int(t) for t in continuation], match
+
+    def expected_accepted(self, match: int, copied: int) -> float:
+        """Copied tokens a greedy round is expected to accept, by its match's evidence class."""
+        return float(self.length.acceptance.expected_tokens(match, copied)[copied] - 1.0)
+
+    def materialize(self, tokens: list[int], match: int, pending: int, start: int) -> Draft:
         hidden = self.model.draft_pass([pending, *tokens], start)  # [m+1, H]
         return Draft(tokens, None, hidden, "lookup", match)
+
+    def draft(self, history, pending: int, start: int, num_draft_tokens: int, settings: DecodeSettings,
+              rng) -> Draft | None:
+        tokens, match = self.propose(history, num_draft_tokens, settings)
+        return self.materialize(tokens, match, pending, start) if tokens else None
 
 
 class RateEstimate:
@@ -248,8 +259,11 @@ class HybridDrafter:
     declines, the round is one of the above. When sampling, the drafts decide which random numbers
     are drawn, so a timed choice would make a seed give different text from run to run: a round
     without a lookup match is a plain step. A bundle with a feature head drafts with the head in the
-    early exit's place, priced the same way.
+    early exit's place, priced the same way; where a weak copy is on offer the head's chain is asked
+    too and the round drafts whichever is expected to add more (`_rival_chain`).
     """
+
+    STRONG_COPY = 0.75  # a copy expected to be accepted this much is taken without asking a feature head
 
     def __init__(self, lookup: LookupDrafter, early_exit: EarlyExitDrafter, probe_exit: bool = True):
         """`probe_exit`: False where the exit agrees too rarely to ever pay (`exit_agreement`)."""
@@ -265,6 +279,19 @@ class HybridDrafter:
         self.lookup.observe(draft, accepted, seconds)
         self.early_exit.observe(draft, accepted, seconds)  # a feature head sizes its drafts by these
 
+    def _rival_chain(self, copy: list[int], match: int, start: int, num_draft_tokens: int, settings, rng) -> list[int]:
+        """A feature head's chain where it is expected to add more than the copy on offer (a weak
+        match: at most STRONG_COPY of it expected to be accepted), else nothing. Both are priced
+        with the rows the head's rounds were timed at; asking costs head calls, a few percent of a
+        step each, so a strong copy is taken without asking."""
+        expected = self.lookup.expected_accepted(match, len(copy))
+        if not self.early_exit.competes_with_copies or expected >= self.STRONG_COPY * len(copy):
+            return []
+        chain = self.early_exit.propose(start, num_draft_tokens, settings, rng)
+        prices = self.early_exit.row_prices(num_draft_tokens)
+        copy_gain = expected - float(prices[: len(copy)].sum())
+        return chain if chain and self.early_exit.expected_gain(len(chain), prices) > copy_gain else []
+
     def _early_tokens(self, num_draft_tokens: int) -> int:
         """Draft tokens for a round without a lookup match: 0 (plain step), 1 (probe) or all; full
         rounds are measured only once probes stand measured as faster than plain steps."""
@@ -275,9 +302,15 @@ class HybridDrafter:
         return 1
 
     def draft(self, history, pending, start, num_draft_tokens, settings: DecodeSettings, rng) -> Draft | None:
-        found = self.lookup.draft(history, pending, start, num_draft_tokens, settings, rng)
-        if found is not None or not settings.sampling.greedy:
-            return found
+        if not settings.sampling.greedy:
+            return self.lookup.draft(history, pending, start, num_draft_tokens, settings, rng)
+        copy, match = self.lookup.propose(history, num_draft_tokens, settings)
+        if copy:
+            chain = self._rival_chain(copy, match, start, num_draft_tokens, settings, rng)
+            if chain:
+                self.probing = False
+                return self.early_exit.materialize(chain, pending, start, settings)
+            return self.lookup.materialize(copy, match, pending, start)
         tokens = self._early_tokens(num_draft_tokens)
         if tokens == 0:
             return None

@@ -53,6 +53,7 @@ class Calibration:
 
 
 class FeatureDrafter:
+    competes_with_copies = True  # cheap enough to ask every round (hybrid: the better of a copy and the chain)
     def __init__(self, model: SplitModel, history: np.ndarray, vocab_ids: np.ndarray):
         self.model, self.history, self.vocab_ids = model, history, vocab_ids
         hidden = model.manifest.model.hidden_size
@@ -119,11 +120,28 @@ class FeatureDrafter:
         index = sample(q, rng)
         return int(self.vocab_ids[index]), float(q[index])
 
+    def expected_gain(self, drafted: int, prices: np.ndarray) -> float:
+        """What the last greedy proposal's first `drafted` tokens are expected to add to a round, in
+        plain steps: their calibrated chances of acceptance less their rows' prices."""
+        chances = self.chain[:drafted] * self.calibration.scale()[:drafted]
+        return float(np.sum(chances - prices[:drafted]))
+
     def draft(self, history, pending: int, start: int, num_draft_tokens: int, settings: DecodeSettings,
               rng) -> Draft | None:
+        tokens = self.propose(start, num_draft_tokens, settings, rng)
+        return self.materialize(tokens, pending, start, settings) if tokens else None
+
+    def materialize(self, tokens: list[int], pending: int, start: int, settings: DecodeSettings) -> Draft:
+        """The proposal as a draft: one batched draft-graph call writes its rows."""
+        rows = self.model.draft_pass([pending, *tokens], start)  # [m+1, H]
+        probs = None if settings.sampling.greedy else self.probs[: len(tokens)]
+        return Draft(tokens, probs, rows, SOURCE)
+
+    def propose(self, start: int, num_draft_tokens: int, settings: DecodeSettings, rng) -> list[int]:
+        """The head's chain from row `start`, cut where its confidence stops paying (greedy)."""
         caught = self._catch_up(start) if self.in_step else None
         if caught is None or num_draft_tokens == 0:
-            return None
+            return []
         logits, hidden = caught
         greedy = settings.sampling.greedy
         worth = self.row_prices(num_draft_tokens) / self.calibration.scale()[:num_draft_tokens] if greedy else None
@@ -138,8 +156,4 @@ class FeatureDrafter:
             self.chain[i] = chance
             if i + 1 < num_draft_tokens:  # the chain: own output, the token just drafted, next position
                 logits, hidden = self.model.feature_head_pass(hidden[-1:], tokens[-1:], start + i)
-        if not tokens:
-            return None
-        rows = self.model.draft_pass([pending, *tokens], start)  # [m+1, H]
-        probs = None if settings.sampling.greedy else self.probs[: len(tokens)]
-        return Draft(tokens, probs, rows, SOURCE)
+        return tokens

@@ -281,6 +281,31 @@ def test_the_hybrid_drafts_with_the_head_where_no_lookup_matches(head_bundle):
     assert stats.by_source.get("feature", [0])[0] >= 1  # probed: the head's rounds are measured
 
 
+@pytest.mark.parametrize("head_gain, source", [(10.0, "feature"), (-10.0, "lookup")])
+def test_the_hybrid_drafts_the_better_of_a_weak_copy_and_the_heads_chain(head_bundle, monkeypatch, head_gain, source):
+    from specdeploy.runtime.drafting import HybridDrafter
+    from specdeploy.runtime.feature_drafting import FeatureDrafter
+
+    monkeypatch.setattr(HybridDrafter, "STRONG_COPY", 2.0)  # every copy counts as weak: the head is asked
+    monkeypatch.setattr(FeatureDrafter, "row_prices", lambda self, n: np.zeros(n))
+    monkeypatch.setattr(FeatureDrafter, "expected_gain", lambda self, drafted, prices: head_gain)
+    chosen, rival = [], HybridDrafter._rival_chain
+
+    def spy(self, *args):
+        chain = rival(self, *args)
+        chosen.append("feature" if chain else "lookup")
+        return chain
+
+    monkeypatch.setattr(HybridDrafter, "_rival_chain", spy)
+    ids = [3, 4, 5, 6, 3, 4, 5, 6, 3, 4]  # copies on offer
+    with Engine(head_bundle[0]) as engine:
+        config = GenerationConfig(max_new_tokens=16, ignore_eos=True, draft_source="hybrid")
+        spec = engine.generate_ids(ids, config)
+        plain = engine.generate_ids(ids, GenerationConfig(max_new_tokens=16, ignore_eos=True, speculative=False))
+    assert spec == plain
+    assert chosen and set(chosen) == {source}  # every round with a copy on offer drafted the better one
+
+
 def test_inspect_shows_the_head(head_bundle):
     from click.testing import CliRunner
 

@@ -76,6 +76,9 @@ class _Never:
     def draft(self, *args):
         return None
 
+    def propose(self, *args):
+        return [], 0
+
     def observe(self, *args):
         pass
 
@@ -87,6 +90,9 @@ def _observe(hybrid: HybridDrafter, source: str, tokens: int, seconds: float) ->
 class _Marker:
     def draft(self, history, pending, start, tokens, settings, rng):
         return ("early", tokens)
+
+    def observe(self, *args):
+        pass
 
 
 def _picks(rounds: int, plain: tuple[int, float], probe: tuple[int, float],
