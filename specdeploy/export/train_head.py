@@ -55,8 +55,10 @@ def _features(model, tokenizer, config: TrainHeadConfig, texts: list[str], layer
     settings = FeatureConfig(tuple(layers), max_total_tokens=config.tokens)
     path = cache_dir() / f"features-{fingerprint(config.source, texts, settings)}.npz"
     if path.is_file():
-        echo(f"target features: cached ({path})")
-        return Features.load(path)
+        cached = Features.load(path)
+        if np.isfinite(cached.features).all():  # a cache from before features overflowing fp16 were kept in fp32
+            echo(f"target features: cached ({path})")
+            return cached
     progress = Progress(config.tokens, "teacher-forcing the target", echo)
     features = teacher_force(model, tokenizer, texts, settings, progress)
     features.save(path)

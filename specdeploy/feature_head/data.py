@@ -4,7 +4,7 @@ Conversations come as JSONL, one per line, in any of the forms users keep them i
 `{"messages": [{"role": "user", "content": ...}, ...]}` (OpenAI's chat format),
 `{"conversations": [{"from": "human", "value": ...}, ...]}` (ShareGPT's), or `{"text": ...}`.
 The target is teacher-forced over each conversation rendered with its chat template; for every
-position we keep the residual stream entering the three feature layers (fp16) and the target's
+position we keep the residual stream entering the three feature layers (fp16 where it fits) and the target's
 top-k next-token distribution: everything the head is trained against, so training never runs
 the target again. Cached on disk under a fingerprint of the model file, the text and the settings.
 """
@@ -68,7 +68,7 @@ class FeatureConfig:
 class Features:
     """Token-aligned arrays over conversations laid end to end; `segment` says which one."""
     tokens: np.ndarray          # [N] int32
-    features: np.ndarray        # [N, 3, T] fp16: the residual stream entering each feature layer
+    features: np.ndarray        # [N, 3, T] fp16 (fp32 where fp16 overflows): the residual stream entering each feature layer
     teacher_ids: np.ndarray     # [N, k] int32: the target's likeliest next tokens at each position
     teacher_probs: np.ndarray   # [N, k] fp16: their probabilities, renormalised over the k
     segment: np.ndarray         # [N] int32
@@ -93,6 +93,16 @@ def fingerprint(model_path: Path, texts: list[str], config: FeatureConfig) -> st
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+FP16_MAX = 65504.0
+
+
+def compact(features: np.ndarray) -> np.ndarray:
+    """fp16 where the values fit it (half the memory and disk), else fp32: Gemma's residual stream
+    carries channels in the tens of thousands, which fp16 would store as infinities (its head
+    trained to NaN)."""
+    return features.astype(np.float16) if np.abs(features).max() < FP16_MAX else features.astype(np.float32)
+
+
 def teacher_force(model, tokenizer, texts: list[str | list[int]], config: FeatureConfig, progress=None) -> Features:
     """The target over each text (or token ids): features at `config.feature_layers` and its top-k
     distribution."""
@@ -110,7 +120,7 @@ def teacher_force(model, tokenizer, texts: list[str | list[int]], config: Featur
             feats = torch.stack([out.hidden_states[j][0] for j in config.feature_layers], 1)  # [S, 3, T]
             top = torch.softmax(out.logits[0].float(), -1).topk(config.top_k, -1)            # [S, k]
             parts["tokens"].append(np.asarray(ids, np.int32))
-            parts["features"].append(feats.half().numpy())
+            parts["features"].append(compact(feats.numpy()))
             parts["teacher_ids"].append(top.indices.int().numpy())
             parts["teacher_probs"].append((top.values / top.values.sum(-1, keepdim=True)).half().numpy())
             parts["segment"].append(np.full(len(ids), index, np.int32))

@@ -45,3 +45,11 @@ def test_teacher_forcing_keeps_the_layers_inputs_and_the_top_k(tiny_model_and_to
     np.testing.assert_allclose(data.features[6:, 1], out.hidden_states[2][0].numpy(), rtol=1e-2, atol=1e-2)
     assert np.array_equal(data.teacher_ids[6:, 0], out.logits[0].argmax(-1).numpy())
     np.testing.assert_allclose(data.teacher_probs.astype(np.float32).sum(-1), 1.0, atol=1e-2)
+
+
+def test_features_beyond_fp16s_range_are_kept_in_fp32():
+    from specdeploy.feature_head.data import compact
+
+    small, large = np.array([[1.5, -300.0]], np.float32), np.array([[1.5, 70000.0]], np.float32)
+    assert compact(small).dtype == np.float16 and compact(large).dtype == np.float32
+    assert np.isfinite(compact(large)).all() and (compact(large) == large).all()
