@@ -128,6 +128,8 @@ def _position_lines(results: dict) -> list[str]:
              "P(the j-th draft accepted | the ones before it were), with the rounds that reached it.", "",
              "| mode | source | j = 1, 2, … |", "|---|---|---|"]
     for (mode, source), counts in totals.items():
+        if not counts:
+            continue  # plain steps draft nothing
         cells = ", ".join(f"{a / r:.2f} ({r})" if r else "-" for r, a in counts)
         lines.append(f"| {mode} | {source} | {cells} |")
     head = results.get("feature_head_ms")
