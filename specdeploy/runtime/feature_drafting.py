@@ -54,6 +54,7 @@ class Calibration:
 
 class FeatureDrafter:
     competes_with_copies = True  # cheap enough to ask every round (hybrid: the better of a copy and the chain)
+
     def __init__(self, model: SplitModel, history: np.ndarray, vocab_ids: np.ndarray):
         self.model, self.history, self.vocab_ids = model, history, vocab_ids
         hidden = model.manifest.model.hidden_size
