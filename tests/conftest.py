@@ -142,6 +142,13 @@ def head_bundle(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_config_for():
+    """tiny_config as a fixture: a test module's `from conftest import ...` can find another
+    directory's conftest once several are loaded (tests/serve has one)."""
+    return tiny_config
+
+
+@pytest.fixture(scope="session")
 def checkpoint_script():
     """scripts/make_checkpoint.py as a module (it is a script, not part of the package)."""
     import importlib.util

@@ -63,17 +63,16 @@ def test_a_pass_in_pieces_equals_one_pass(head):
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3_text", "granite"])
-def test_the_head_reads_the_embedding_and_final_norm_the_target_computes(arch):
+def test_the_head_reads_the_embedding_and_final_norm_the_target_computes(arch, tiny_config_for):
     """Gemma scales its embedding by √H and offsets its norms by one, Granite multiplies its
     embedding: a head started from the target's own final norm and fed its embedding must see what
     the target's layers see."""
     import transformers
 
-    from conftest import tiny_config
     from specdeploy.feature_head.model import RMSNorm, TokenEmbedding, final_norm_weight
 
     torch.manual_seed(0)
-    target = transformers.AutoModelForCausalLM.from_config(tiny_config(arch)).eval()
+    target = transformers.AutoModelForCausalLM.from_config(tiny_config_for(arch)).eval()
     with torch.no_grad():
         target.model.norm.weight.normal_()  # a trained norm's weight is not its initial one
         ids = torch.tensor([[3, 17, 42, 8]])
