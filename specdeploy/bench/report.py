@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..runtime.stats import add_positions
 from ..runtime.timing import ModeResult, paired_speedup, repeat_speedups
 
 
@@ -117,11 +118,7 @@ def _position_lines(results: dict) -> list[str]:
     for category in results["results"].get("0.0", {}).values():
         for mode, r in category.items():
             for source, counts in r.get("positions", {}).items():
-                mine = totals.setdefault((mode, source), [])
-                mine += [[0, 0] for _ in range(len(counts) - len(mine))]
-                for j, (reached, accepted) in enumerate(counts):
-                    mine[j][0] += reached
-                    mine[j][1] += accepted
+                add_positions(totals.setdefault((mode, source), []), counts)
     if not totals:
         return []
     lines = ["## acceptance by draft position (greedy, all categories)", "",

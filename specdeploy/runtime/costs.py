@@ -5,12 +5,23 @@ S rows, and the head costs; costs at any other exit follow from the layer counts
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from .split_model import SplitModel
+
+
+@contextlib.contextmanager
+def passes_alone(model: SplitModel):
+    """Passes timed without a feature head catching up after each verify pass (its hook detached)."""
+    hook, model.after_verify = getattr(model, "after_verify", None), None
+    try:
+        yield
+    finally:
+        model.after_verify = hook
 
 
 def interleaved_times(calls: dict, repeats: int) -> dict:
@@ -84,11 +95,8 @@ def measure(model: SplitModel, max_rows: int, repeats: int = 15) -> CostModel:
         hidden = np.repeat(one, rows, axis=0)                   # [rows, H]
         calls["verify", rows] = lambda h=hidden: model.verify_pass(h, base)
         calls["head", rows] = lambda h=hidden: model.logits(h)
-    hook, model.after_verify = getattr(model, "after_verify", None), None  # the passes alone: no head catching up
-    try:
+    with passes_alone(model):
         t = interleaved_times(calls, repeats)
-    finally:
-        model.after_verify = hook
     verify = {rows: _paired(t["verify", rows], t["verify", 1]) / (layers - k) for rows in range(1, max_rows + 1)}
     head = {rows: _paired(t["head", rows], t["head", 1]) for rows in range(1, max_rows + 1)}
     return CostModel(layers, float(np.median(t["draft"])) / k, verify, head, float(np.median(t["draft_head"])))
@@ -106,9 +114,6 @@ def feature_head_costs(model: SplitModel, repeats: int = 15) -> dict[str, float]
     calls = {"step": lambda: model.logits(model.verify_pass(model.draft_pass([5], base), base)),
              "head_call": lambda: model.feature_head_pass(hidden, [5], base),
              "projection": lambda: model.project_features(features)}
-    hook, model.after_verify = getattr(model, "after_verify", None), None
-    try:
+    with passes_alone(model):
         t = interleaved_times(calls, repeats)
-    finally:
-        model.after_verify = hook
     return {name: round(1000 * float(np.median(v)), 3) for name, v in t.items()}

@@ -4,6 +4,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+def add_positions(into: list[list[int]], counts: list[list[int]]) -> None:
+    """Add per-draft-position [reached, accepted] counts into `into`, lengthening it as needed."""
+    into += [[0, 0] for _ in range(len(counts) - len(into))]
+    for j, (reached, accepted) in enumerate(counts):
+        into[j][0] += reached
+        into[j][1] += accepted
+
+
 @dataclass
 class GenerationStats:
     prompt_tokens: int = 0
@@ -36,11 +44,7 @@ class GenerationStats:
         self._record_positions(source, [[int(j <= accepted), int(j < accepted)] for j in range(drafted)])
 
     def _record_positions(self, source: str, counts: list[list[int]]) -> None:
-        mine = self.positions.setdefault(source, [])
-        mine += [[0, 0] for _ in range(len(counts) - len(mine))]
-        for j, (reached, accepted) in enumerate(counts):
-            mine[j][0] += reached
-            mine[j][1] += accepted
+        add_positions(self.positions.setdefault(source, []), counts)
 
     def per_position(self, source: str) -> list[float]:
         """P(the j-th draft accepted | the ones before it were), j = 1, 2, …: a drafter's acceptance
