@@ -229,8 +229,11 @@ def generate(bundle, prompt, max_tokens, temperature, greedy, top_k, top_p, seed
 @click.option("--tensorrt", is_flag=True,
               help="Also write the DequantizeLinear form of int4/int8 graphs that build-engines builds from.")
 @click.option("--int4-block", type=click.Choice(["auto", "32", "16"]), default="auto", show_default=True,
-              help="int4 block size; auto: 32 where the bundle is row-independent on this machine, else 16 "
-                   "(16 for bundles bound for AVX2 CPUs without VNNI).")
+              help="int4 block size; auto: 32 where the bundle is row-independent on this machine, else 16.")
+@click.option("--two-rows", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True,
+              help="Hand int4 matmuls in blocks of 32 a padded second row where a one-row call is another kernel "
+                   "(auto: where this CPU's is, e.g. AVX2 without VNNI; always: for a bundle made on a VNNI machine "
+                   "for AVX2 devices; never: to measure what it costs).")
 @click.option("--int4-head-bits", type=click.Choice(["8", "4"]), default="8", show_default=True,
               help="Bits of an int4 bundle's LM head where it is re-quantized (a GGUF's own head blocks carry "
                    "as they are; --method ort keeps 4): 8 keeps most of the quality, 4 is smaller and faster.")
@@ -247,7 +250,7 @@ def generate(bundle, prompt, max_tokens, temperature, greedy, top_k, top_p, seed
               help="int4/int8: fused: each layer's attention as one ONNX Runtime GroupQueryAttention kernel "
                    "(CPU provider; where its rows are independent here); ops: op by op (for --provider cuda).")
 def quantize(bundle, precision, draft_precision, verify_precision, method, prompts_file, output, tensorrt,
-             int4_block, int4_head_bits, no_fuse, float_outliers, exact_offsets, attention):
+             int4_block, two_rows, int4_head_bits, no_fuse, float_outliers, exact_offsets, attention):
     """Write a quantized copy of the fp32 BUNDLE and print its quality report."""
     from .quantization.compute import ComputeOptions
     from .quantization.options import QuantizeOptions
@@ -255,7 +258,8 @@ def quantize(bundle, precision, draft_precision, verify_precision, method, promp
 
     compute = ComputeOptions(int4_block=None if int4_block == "auto" else int(int4_block), fuse=not no_fuse,
                              float_outliers=float_outliers, exact_offsets=exact_offsets,
-                             fused_attention=attention == "fused", head_bits=int(int4_head_bits))
+                             fused_attention=attention == "fused", head_bits=int(int4_head_bits),
+                             two_rows={"auto": None, "always": True, "never": False}[two_rows])
     options = QuantizeOptions(precision, draft_precision, verify_precision, method, tensorrt, prompts_file,
                               compute=compute)
     path = run_quantize(bundle, output, options, click.echo)

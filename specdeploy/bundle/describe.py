@@ -71,7 +71,7 @@ def _rows(path: Path) -> str:
 
 def _compute_lines(extra: dict) -> list[str]:
     """How an integer bundle computes: what its GGUF carried, folded offsets, float outlier channels,
-    fused attention (each only where the bundle has it)."""
+    fused attention, matmuls handed two rows (each only where the bundle has it)."""
     lines = []
     carried, folded = extra.get("gguf_carried_weights") or {}, extra.get("folded_offsets") or {}
     if any(carried.values()):
@@ -91,6 +91,11 @@ def _compute_lines(extra: dict) -> list[str]:
     if any(fused.values()):
         lines.append(f"attention   one GroupQueryAttention kernel a layer ({', '.join(f'{k} {v}' for k, v in fused.items() if v)}"
                      f" layers; ONNX Runtime's CPU provider; KV buffers one row past max context)")
+    padded = extra.get("two_row_matmuls") or {}
+    if any(padded.values()):
+        by_graph = ", ".join(f"{k} {v}" for k, v in padded.items() if v)
+        lines.append(f"two rows    {sum(padded.values())} int4 matmuls read a padded second row, never one row alone "
+                     f"({by_graph}; where the one-row kernel is another, as on AVX2 without VNNI)")
     return lines
 
 

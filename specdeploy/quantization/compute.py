@@ -2,11 +2,12 @@
 
 `MatMulNBits` with `accuracy_level=4` quantizes each activation row per block of K and accumulates
 in integers. Whether its rows are bitwise independent of how many rows a call carries depends on
-the CPU: 8 bits are at every block size measured; 4 bits at block 16 everywhere, at block 32 on
-CPUs with AVX-512 VNNI but not on AVX2 alone (the one-row path is another kernel there), at 64 / 128
-nowhere. So the forms here are symmetric int8 in blocks of 32 and symmetric int4 in blocks of 32
-where the bundle's row check passes, else 16 (integer zero points: float ones run a ~70x slower
-path); every bundle is checked row by row (runtime.row_check) before it is installed. A GGUF's
+the CPU: 8 bits are at every block size measured; 4 bits at block 16 everywhere, at block 32 and
+more on CPUs with AVX-512 VNNI; on AVX2 alone the one-row call is another kernel, and every call of
+two rows or more agrees with the others, so there an int4 matmul in blocks of 32 is handed a padded
+second row (two_rows.py). So the forms here are symmetric int8 in blocks of 32 and symmetric int4
+in blocks of 32 where the bundle's row check passes, else 16 (integer zero points: float ones run
+a ~70x slower path); every bundle is checked row by row (runtime.row_check) before it is installed. A GGUF's
 own blocks are carried where they map (gguf_blocks.py): a Q4_1 / Q4_K float minimum as an offset,
 folded into the MatMulNBits by default (folding.py: integer zero points plus the input's block sums
 as extra rows of K) or, with exact_offsets, as an exact float32 term beside it (nbits.offset_nodes),
@@ -38,6 +39,7 @@ from ..constants import QUANT_METHODS as METHODS
 from ..errors import ConfigError
 from ..optimize import attention, fusion, gqa_probe
 from ..optimize.graph import MS_DOMAIN, array, attrs as node_attrs, lazy_weights, materialize, set_nodes, use_ms_domain
+from . import two_rows
 from .rewrites import fold_weight_transposes
 
 ACCURACY_LEVEL = 4  # int8 activations, integer accumulation
@@ -58,15 +60,17 @@ class ComputeForm:
 
 FORMS = {"int4": ComputeForm(bits=4, block_size=16), "int8": ComputeForm(bits=8, block_size=32)}
 # int4 blocks to try, fewest bytes first: 32 (5 bits a weight with its float scale, and ONNX
-# Runtime's faster kernel) is row-independent on CPUs with AVX-512 VNNI but not on AVX2 alone,
-# where only 16 is; the bundle's row check decides (quantize.quantized_copy)
+# Runtime's faster kernel; on AVX2 alone with a padded second row, two_rows.py), then 16; the
+# bundle's row check decides (quantize.quantize_into)
 INT4_BLOCKS = (32, 16)
 
 
 @dataclass(frozen=True)
 class ComputeOptions:
     """How int4 / int8 graphs are made: int4's block (None: the largest of INT4_BLOCKS whose bundle
-    passes the row check here; a bundle for AVX2 devices made on an AVX-512 machine needs 16),
+    passes the row check here), whether int4 matmuls in blocks of 32 read a padded second row
+    (two_rows.py; None: where this CPU's one-row kernel differs; True: a bundle made on a VNNI
+    machine for AVX2 devices),
     whether the graphs are fused for ONNX Runtime (fusion.py; off only to measure what it gains),
     and whether activation outlier channels are computed in float (outliers.py; None: for int8,
     where it buys top-1 agreement at 8-10% of the speed, not for int4, bought for speed), and
@@ -84,6 +88,7 @@ class ComputeOptions:
     exact_offsets: bool = False
     fused_attention: bool = True
     head_bits: int = 8
+    two_rows: bool | None = None
 
     def outliers_for(self, precision: str) -> bool:
         return self.float_outliers if self.float_outliers is not None else precision == "int8"
@@ -164,6 +169,7 @@ def quantize_graph(src: Path, dst: Path, precision: str, method: str = "rtn", in
                                              accuracy_level=ACCURACY_LEVEL)
         quantizer.process()
         model = quantizer.model.model
+    two_rows.pad_rows(model, two_rows.policy(options.two_rows))
     onnx.save(model, str(dst), save_as_external_data=True, location=dst.name + ".data")
     return carried
 

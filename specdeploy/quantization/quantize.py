@@ -37,6 +37,7 @@ from . import feeds as feeds_io
 from .compute import (FORMS as COMPUTE_FORMS, INT4_BLOCKS, ComputeOptions, quantize_embedding, quantize_graph,
                       wider_head)
 from .options import QuantizeOptions
+from .two_rows import padded_count
 from .rewrites import drop_activation_qdq, float_matmuls, fold_weight_transposes, int8_weights_to_fp8, to_fp16
 
 log = logging.getLogger("specdeploy")
@@ -100,7 +101,7 @@ def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str,
     carried from the GGUF, offsets folded, layers with fused attention, float outlier channels)."""
     from .folding import folded_count
 
-    files, carried, folded, fused, found = {}, {}, {}, {}, calibration.outliers
+    files, carried, folded, fused, padded, found = {}, {}, {}, {}, {}, calibration.outliers
     context = manifest.max_context if fuse_attention else None
     for name, graph in manifest.graphs.items():
         src, dst = bundle / graph.file, tmp / graph.file
@@ -111,6 +112,7 @@ def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str,
                                         context, lm_head=name == io_names.HEAD)
         folded[name] = folded_count(dst) if plan[name] in COMPUTE_FORMS else 0
         fused[name] = fused_count(dst) if plan[name] in COMPUTE_FORMS else 0
+        padded[name] = padded_count(dst) if plan[name] in COMPUTE_FORMS else 0
         files[Path(graph.file).stem] = dst if plan[name] != "fp32" else src
         blocks = f" in blocks of {options.int4_block}" if plan[name] == "int4" and options.int4_block else ""
         if name == io_names.HEAD and wider_head(plan[name], method, options):
@@ -118,7 +120,9 @@ def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str,
         channels = found.get(name) or {}
         kept = (f"; {sum(map(len, channels.values()))} activation outlier channels of {len(channels)} matmul "
                 f"inputs in float" if channels else "")
-        echo(f"{name}: {plan[name]}{blocks}{_carried(carried[name], folded[name])}{kept}")
+        two = (f"; {padded[name]} matmuls handed a padded second row (a one-row int4 call is another "
+               f"kernel without VNNI)" if padded[name] else "")
+        echo(f"{name}: {plan[name]}{blocks}{_carried(carried[name], folded[name])}{kept}{two}")
         mark(f"quantizing the {name} graph")
     draft, head = plan[io_names.DRAFT], plan[io_names.HEAD]
     readers = [n for n in (io_names.DRAFT, io_names.FEATURE_HEAD) if n in manifest.graphs]
@@ -128,6 +132,7 @@ def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str,
     if bits[0]:
         echo(f"embedding: {bits[0]}-bit blocks (GatherBlockQuantized{', the feature head reads them too' * (len(bits) > 1)})")
     counts = {"gguf_carried_weights": carried, "folded_offsets": folded, "fused_attention": fused,
+              "two_row_matmuls": padded,
               "float_outlier_channels": {n: int(sum(map(len, c.values()))) for n, c in found.items()}}
     return files, counts
 

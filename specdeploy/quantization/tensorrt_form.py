@@ -10,11 +10,12 @@ largest magnitude is positive) are stored with both signs flipped, in INT8 where
 need +8 (so an int4 graph's TensorRT weights may be INT8: exact values, twice the bytes), and
 refused where 8 bits would need +128 (ONNX Runtime's own 8-bit quantizer), so values stay exact.
 The fused rotary and residual-norm nodes of the ONNX Runtime graph go back to standard ops first
-(`unfuse`); fused sibling matmuls stay one MatMul and a Split, and a GGUF Q4_1 weight's
-offset term (nbits.offset_nodes) is standard ops already and stays as it is. A folded one
-(folding.py: integer zero points and block-sum rows, which TensorRT's weight-only path does not
-take) goes back to that offset form over the input before the block sums were appended, holding
-the offsets the folded node computes with.
+(`unfuse`), and matmuls handed a padded second row (two_rows.py) take their own rows again; fused
+sibling matmuls stay one MatMul and a Split, and a GGUF Q4_1 weight's offset term
+(nbits.offset_nodes) is standard ops already and stays as it is. A folded one (folding.py: integer
+zero points and block-sum rows, which TensorRT's weight-only path does not take) goes back to that
+offset form over the input before the block sums were appended, holding the offsets the folded
+node computes with.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import folding, nbits
+from . import folding, nbits, two_rows
 from ..optimize.graph import attrs as _attrs, set_nodes, use_ms_domain
 
 SUFFIX = ".trt.onnx"  # beside graph.onnx: what build-engines parses for an int4/int8 graph
@@ -115,6 +116,7 @@ def convert(model) -> int:
     from onnx import helper, numpy_helper
 
     unfuse(model)
+    two_rows.unpad(model)
     inits = {t.name: t for t in model.graph.initializer}
     array = lambda name: numpy_helper.to_array(inits[name])                      # noqa: E731
     joined = {n.output[0]: n.input for n in model.graph.node if n.op_type == "Concat"}
