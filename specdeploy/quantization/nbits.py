@@ -35,6 +35,13 @@ class Blocks:
     def block(self) -> int:
         return self.q.shape[2]
 
+    @staticmethod
+    def joined(parts: list[Blocks]) -> Blocks:
+        """Blocks of consecutive column slices of one W, as one."""
+        offsets = None if parts[0].offsets is None else np.concatenate([p.offsets for p in parts])
+        return Blocks(np.concatenate([p.q for p in parts]), np.concatenate([p.scales for p in parts]), parts[0].bits,
+                      offsets)
+
     def dequantize(self) -> np.ndarray:
         """W [K, N] as float32."""
         n, nb, block = self.q.shape
@@ -60,9 +67,8 @@ def quantize(w: np.ndarray, bits: int, block: int, method: str = "mse") -> Block
     each block's largest magnitude onto the grid (both symmetric), "minmax" is quantize_minmax.
     Columns are independent, so a wide W is rounded COLUMNS at a time."""
     if w.shape[1] > COLUMNS:
-        parts = [quantize(w[:, i : i + COLUMNS], bits, block, method) for i in range(0, w.shape[1], COLUMNS)]
-        offsets = None if parts[0].offsets is None else np.concatenate([p.offsets for p in parts])
-        return Blocks(np.concatenate([p.q for p in parts]), np.concatenate([p.scales for p in parts]), bits, offsets)
+        return Blocks.joined([quantize(w[:, i : i + COLUMNS], bits, block, method)
+                              for i in range(0, w.shape[1], COLUMNS)])
     if method == "minmax":
         return quantize_minmax(w, bits, block)
     x = _blocks_of(np.asarray(w, np.float32), block)                 # [N, nb, block]
