@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import logging
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import click
@@ -25,6 +27,7 @@ class _Group(click.Group):
     """Turns every user error into one `Error: ...` line and a non-zero exit (no traceback)."""
 
     def invoke(self, ctx):
+        previous = _interrupt_on_sigterm()
         try:
             return super().invoke(ctx)
         except (SpecDeployError, OSError) as exc:
@@ -35,6 +38,22 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             click.echo("Interrupted.", err=True)
             sys.exit(130)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt_on_sigterm():
+    """SIGTERM (a `kill`, a container stopping) handled as Ctrl-C, so that an export's or
+    quantize's staging directory (tens of GB at 1.5B) is removed on the way out instead of left
+    behind; the handler it replaces, or None off the main thread (serve's uvicorn installs its own)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, interrupt)
 
 
 def _one_line(exc: Exception) -> str:
