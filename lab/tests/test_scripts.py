@@ -396,3 +396,19 @@ def test_static_ngram_bound_runs_on_a_bundle(tiny_bundle):
     assert rows[-1].startswith("overall") and len(rows) == 8
     context, table, _paying = (float(rows[-1].split()[i].rstrip("×")) for i in (1, 2, 3))
     assert table >= context > 0  # the table only adds candidates to the clairvoyant copy
+
+
+def test_bundles_ab_measures_each_bundle_against_the_first(tiny_bundle, tmp_path):
+    import subprocess
+    import sys
+
+    script = str(ROOT / "scripts" / "bundles_ab.py")
+    out = subprocess.run([sys.executable, script, str(tiny_bundle), str(tiny_bundle), "--repeats", "1",
+                          "--max-tokens", "4"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 6 and lines[0].startswith("plain") and lines[0].endswith("(1.000x)")
+    assert sum(line.startswith("peak memory") for line in lines) == 2
+    bad = subprocess.run([sys.executable, script, str(tiny_bundle), str(tmp_path / "none")],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
