@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -23,11 +24,14 @@ SOURCE_PRECISION = (" Default: the source's own (a quantized GGUF stays int4, or
                     "carried losslessly; a Hugging Face directory fp32).")
 
 
+INTERRUPT_RETRY_S = 0.2  # a signal that landed inside an import is taken again after this
+
+
 class _Group(click.Group):
     """Turns every user error into one `Error: ...` line and a non-zero exit (no traceback)."""
 
     def invoke(self, ctx):
-        previous = _interrupt_on_sigterm()
+        previous = _interrupt_on_signals()
         try:
             return super().invoke(ctx)
         except (SpecDeployError, OSError) as exc:
@@ -39,21 +43,39 @@ class _Group(click.Group):
             click.echo("Interrupted.", err=True)
             sys.exit(130)
         finally:
-            if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
 
-def _interrupt_on_sigterm():
+def _interrupt_on_signals() -> dict:
     """SIGTERM (a `kill`, a container stopping) handled as Ctrl-C, so that an export's or
     quantize's staging directory (tens of GB at 1.5B) is removed on the way out instead of left
-    behind; the handler it replaces, or None off the main thread (serve's uvicorn installs its own)."""
+    behind; Ctrl-C itself through the same handler (below), unless the shell had it ignored. The
+    handlers they replace, or none off the main thread (serve's uvicorn installs its own)."""
     if threading.current_thread() is not threading.main_thread():
-        return None
+        return {}
+    ours = [signal.SIGTERM] + [signal.SIGINT] * (signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+    return {signum: signal.signal(signum, _interrupt) for signum in ours}
 
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
 
-    return signal.signal(signal.SIGTERM, interrupt)
+def _interrupt(signum, frame) -> None:
+    """KeyboardInterrupt where the signal lands, unless that is inside a module's import: raised
+    through an extension module's initialisation (torch.onnx imports its exporter on first use) it
+    aborts the interpreter with nothing cleaned up, so the signal is sent again a moment later."""
+    if _importing(frame):
+        timer = threading.Timer(INTERRUPT_RETRY_S, os.kill, (os.getpid(), signum))
+        timer.daemon = True
+        timer.start()
+        return
+    raise KeyboardInterrupt
+
+
+def _importing(frame) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _one_line(exc: Exception) -> str:

@@ -189,3 +189,26 @@ def test_a_terminated_export_removes_its_staging_directory(tiny_model_dir, tmp_p
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and err.strip().splitlines()[-1] == "Interrupted." and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_signal_inside_an_import_is_taken_again_after_it(tmp_path, monkeypatch):
+    """Raised through an extension module's initialisation a KeyboardInterrupt aborts the
+    interpreter (seen: a SIGTERM landing in torch.onnx's first import); the handler sends the
+    signal again a moment later instead, and raises anywhere else."""
+    import signal
+    import sys
+    import threading
+
+    from specdeploy import cli
+
+    sent = threading.Event()
+    monkeypatch.setattr(cli, "INTERRUPT_RETRY_S", 0.0)
+    monkeypatch.setattr(cli.os, "kill", lambda pid, signum: sent.set() if signum == signal.SIGTERM else None)
+    (tmp_path / "interrupted_module.py").write_text(
+        "import signal, sys\nfrom specdeploy import cli\ncli._interrupt(signal.SIGTERM, sys._getframe())\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import interrupted_module  # noqa: F401  (the handler ran inside this import and did not raise)
+
+    assert sent.wait(5)
+    with pytest.raises(KeyboardInterrupt):
+        cli._interrupt(signal.SIGTERM, sys._getframe())
