@@ -1,11 +1,12 @@
-"""Where an export's or a quantization's memory goes: resident memory after each step, and the step
-that set the peak.
+"""Where an export's or a quantization's memory and time go: resident memory and seconds for each
+step, the step that set the peak and the longest one.
 
 Exporting holds the model in PyTorch, its traced graphs and the runtime's sessions in turn;
 quantizing holds graphs, calibration feeds and Gram matrices. Which of them sets the peak decides
-how large a model a machine can take. Steps call `mark(step)` (a no-op unless a command is
+how large a model a machine can take; which one takes longest, where to look when a big model's
+export is slow. Steps call `mark(step)` (a no-op unless a command is
 `recording()`, as logging is a no-op without a handler); logged per step with -v, and the command's
-summary names the peak and its step.
+summary names the peak and its step, and the longest step.
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import contextvars
 import logging
 import resource
 import sys
+import time
+from typing import NamedTuple
 
 log = logging.getLogger("specdeploy")
 
@@ -29,11 +32,19 @@ def _resident_mb() -> tuple[float, float]:
         return peak, peak
 
 
+class Mark(NamedTuple):
+    step: str
+    resident_mb: float
+    peak_mb: float
+    seconds: float   # since the previous mark (or the log's start)
+
+
 class MemoryLog:
     """Marks taken after each step; the peak is credited to the first step after which it was seen."""
 
     def __init__(self):
-        self.marks: list[tuple[str, float, float]] = []   # (step, resident MB, peak MB)
+        self.marks: list[Mark] = []
+        self._since = time.monotonic()
 
     def mark(self, step: str) -> None:
         """The readings after `step`, what it left first freed: its reference cycles collected (a
@@ -45,15 +56,19 @@ class MemoryLog:
         gc.collect()
         trim_heap()
         resident, peak = _resident_mb()
-        self.marks.append((step, resident, peak))
-        log.info(f"memory after {step}: {resident:,.0f} MB resident, peak so far {peak:,.0f} MB")
+        now = time.monotonic()
+        seconds, self._since = now - self._since, now
+        self.marks.append(Mark(step, resident, peak, seconds))
+        log.info(f"memory after {step} ({seconds:,.1f} s): {resident:,.0f} MB resident, peak so far {peak:,.0f} MB")
 
     def summary(self) -> str:
         if not self.marks:
             return "peak resident memory not measured"
-        peak = self.marks[-1][2]
-        step = next(step for step, _, seen in self.marks if seen >= peak)
-        return f"peak resident memory {peak:,.0f} MB, reached while {step}"
+        peak = self.marks[-1].peak_mb
+        step = next(m.step for m in self.marks if m.peak_mb >= peak)
+        longest = max(self.marks, key=lambda m: m.seconds)
+        return (f"peak resident memory {peak:,.0f} MB, reached while {step}; "
+                f"the longest step {longest.step}, {longest.seconds:,.1f} s")
 
 
 _current: contextvars.ContextVar[MemoryLog | None] = contextvars.ContextVar("memory_log", default=None)
