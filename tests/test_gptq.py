@@ -67,3 +67,29 @@ def test_gptq_blocks_run_as_matmulnbits_with_rows_independent():
     want = rows @ gptq.quantize(w, h, 4, block, "minmax").dequantize()
     np.testing.assert_allclose(session.run(None, {"x": rows})[0], want, rtol=0.05, atol=0.05 * np.abs(want).max())
     assert_rows_independent(session, rows)
+
+
+@pytest.mark.parametrize("k", [40, 1100])  # one triangular solve; halves inverted recursively
+def test_the_inverse_factor_is_the_upper_cholesky_factor_of_the_damped_inverse(k):
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(k + 50, k))
+    h = x.T @ x
+    u = gptq._inverse_factor(h.astype(np.float32)).astype(np.float64)
+    damped = h + np.eye(k) * gptq.DAMP * np.diag(h).mean()
+    assert np.array_equal(u, np.triu(u)) and (np.diag(u) > 0).all()
+    np.testing.assert_allclose(u.T @ u @ damped, np.eye(k), atol=2e-3)
+
+
+def test_gptq_in_column_slices_rounds_as_the_whole_walk(monkeypatch):
+    """Output columns never mix: walking W 64 MB at a time (COLUMNS) changes no weight's rounding
+    beyond the last bits of float32 sums that may tip a rare tie."""
+    rng = np.random.default_rng(7)
+    x, w = _activations(rng), rng.normal(size=(128, 96)).astype(np.float32)
+    h = x.T @ x
+    whole = gptq.quantize(w, h, 4, 32, "minmax")
+    monkeypatch.setattr(gptq, "COLUMNS", 128 * 20)  # slices of 20 columns, the last of 16
+    sliced = gptq.quantize(w, h, 4, 32, "minmax")
+    np.testing.assert_array_equal(sliced.scales, whole.scales)
+    assert (sliced.q == whole.q).mean() > 0.995
+    assert gptq.output_error(w, sliced.dequantize(), h) == pytest.approx(gptq.output_error(w, whole.dequantize(), h),
+                                                                         rel=0.02)

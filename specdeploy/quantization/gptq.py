@@ -20,6 +20,8 @@ from .activations import matmul_activations
 
 DAMP = 0.01   # share of H's mean diagonal added to it: channels the text rarely uses stay invertible
 CHUNK = 128   # rows whose updates to the later rows are applied as one matmul
+STRIDE = 16   # rows within a CHUNK whose updates to the rest of it are applied as one matmul
+INVERSE_LEAF = 512  # a triangular factor this small is inverted by one triangular solve
 COLUMNS = 1 << 24  # weights (K x columns) walked at once: 64 MB of float32
 GRAM_ROWS = 512  # activation rows multiplied into the Gram matrices at once
 
@@ -78,18 +80,36 @@ def gram_matrices(graph_file: Path, feeds: list[Callable[[], dict]]) -> dict[str
 def _inverse_factor(gram: np.ndarray) -> np.ndarray:
     """Upper U with Uᵀ U = (H + damping)⁻¹: row i of U spreads row i's error over rows i+1…
 
-    In float32 through H's own Cholesky factor (as GPTQ's authors compute it; the damping keeps it
-    well conditioned): at K = 8,960, a 1.5B model's MLP down projection, 12 s on 2 cores, a
-    fraction of a general float64 inverse's time, which was most of GPTQ's at that size
-    (lab/notes/benchmarks-history.md)."""
+    From one Cholesky factor of H with its rows and columns reversed (J H J = L Lᵀ, so H⁻¹ =
+    (J L⁻¹ J)ᵀ (J L⁻¹ J), and J L⁻¹ J is upper) and L's inverse by halves in matrix products, in
+    float32 (the damping keeps H well conditioned): at K = 8,960, a 1.5B model's MLP down
+    projection, 5.7 s on 2 cores against 7.5 s for factoring H, inverting it and factoring the
+    inverse (lab/notes/benchmarks-history.md)."""
     import torch
 
     h = torch.tensor(np.asarray(gram), dtype=torch.float32)
     unused = torch.nonzero(torch.diagonal(h) <= 0).flatten()
     h[unused, unused] = 1.0  # a channel the text never uses: rounded to nearest, its error kept
     h.diagonal().add_(DAMP * float(torch.diagonal(h).mean()))
-    inverse = torch.cholesky_inverse(torch.linalg.cholesky(h))
-    return torch.linalg.cholesky(inverse, upper=True).numpy()
+    lower = torch.linalg.cholesky(torch.flip(h, (0, 1)))                            # [K, K]
+    return torch.flip(_lower_inverse(lower), (0, 1)).numpy()
+
+
+def _lower_inverse(lower):
+    """L⁻¹ of a lower-triangular L [K, K]: [[A, 0], [B, C]]⁻¹ = [[A⁻¹, 0], [-C⁻¹ B A⁻¹, C⁻¹]], the
+    halves recursively, so that most of the work is two matrix products (a triangular solve
+    against the identity takes 1.7 times as long at K = 8,960)."""
+    import torch
+
+    k = len(lower)
+    if k <= INVERSE_LEAF:
+        return torch.linalg.solve_triangular(lower, torch.eye(k, dtype=lower.dtype), upper=False)
+    half = k // 2
+    first, second = _lower_inverse(lower[:half, :half]), _lower_inverse(lower[half:, half:])
+    inverse = torch.zeros_like(lower)
+    inverse[:half, :half], inverse[half:, half:] = first, second
+    inverse[half:, :half] = -(second @ lower[half:, :half]) @ first
+    return inverse
 
 
 def quantize(w: np.ndarray, gram: np.ndarray, bits: int, block: int, grid: str = "absmax") -> nbits.Blocks:
@@ -112,25 +132,36 @@ def quantize(w: np.ndarray, gram: np.ndarray, bits: int, block: int, grid: str =
 
 
 def _walk(w: np.ndarray, u: np.ndarray, order: np.ndarray, bits: int, block: int, grid: str) -> nbits.Blocks:
-    """`quantize` for the columns W [K, n] (float32), over H's factor `u` in walk `order`."""
+    """`quantize` for the columns W [K, n] (float32), over H's factor `u` in walk `order`.
+
+    A row's error reaches the rows after it in three steps: the rest of its STRIDE rows at once (an
+    outer product in place), the rest of its CHUNK when its STRIDE is done, the rows after the
+    CHUNK when that is done (matmuls): the same sums as row by row, most of them in BLAS."""
+    import torch
+
     k, n = w.shape
     base = nbits.quantize(w, bits, block, grid)                                    # q [n, K/block, block]
-    row_scales = base.scales.T[order // block]                                     # [K, n], walk order
-    row_offsets = (np.zeros_like(row_scales) if base.offsets is None
-                   else base.offsets.T[order // nbits.OFFSET_BLOCK].astype(np.float32))
-    w = w[order]                                                                   # [K, n], updated
+    scales = torch.from_numpy(np.ascontiguousarray(base.scales.T[order // block], np.float32))   # [K, n]
+    offsets = (torch.zeros_like(scales) if base.offsets is None else
+               torch.from_numpy(np.ascontiguousarray(base.offsets.T[order // nbits.OFFSET_BLOCK], np.float32)))
+    w = torch.from_numpy(np.ascontiguousarray(w[order], np.float32))               # [K, n], updated
+    u = torch.from_numpy(np.ascontiguousarray(u, np.float32))                      # [K, K]
     top = 2 ** (bits - 1)
-    q = np.zeros((k, n), np.int8)
+    q = torch.empty((k, n), dtype=torch.int8)
     for start in range(0, k, CHUNK):
         end = min(start + CHUNK, k)
-        errors = np.zeros((end - start, n), np.float32)                            # [chunk, n]
-        for i in range(start, end):
-            q[i] = np.clip(np.rint((w[i] - row_offsets[i]) / row_scales[i]), -top, top - 1)
-            errors[i - start] = (w[i] - q[i] * row_scales[i] - row_offsets[i]) / u[i, i]
-            w[i + 1:end] -= np.outer(u[i, i + 1:end], errors[i - start])
-        w[end:] -= u[start:end, end:].T @ errors
-    restored = np.empty_like(q)
-    restored[order] = q
+        errors = torch.empty((end - start, n), dtype=torch.float32)                 # [chunk, n]
+        for first in range(start, end, STRIDE):
+            last = min(first + STRIDE, end)
+            for i in range(first, last):
+                rounded = torch.clamp(torch.round((w[i] - offsets[i]) / scales[i]), -top, top - 1)  # [n]
+                q[i] = rounded
+                errors[i - start] = (w[i] - rounded * scales[i] - offsets[i]) / u[i, i]
+                w[i + 1:last].addr_(u[i, i + 1:last], errors[i - start], alpha=-1)
+            w[last:end].addmm_(u[first:last, last:end].T, errors[first - start:last - start], alpha=-1)
+        w[end:].addmm_(u[start:end, end:].T, errors, alpha=-1)
+    restored = np.empty((k, n), np.int8)
+    restored[order] = q.numpy()
     return nbits.Blocks(np.ascontiguousarray(restored.T).reshape(n, k // block, block), base.scales, bits,
                         base.offsets)
 
