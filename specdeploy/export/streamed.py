@@ -98,9 +98,15 @@ class StreamedWeights:
                 handle.remove()
 
     def _load(self, unit, torch) -> None:
+        """The unit's weights as tensors over the source's arrays, read-only where the source maps its
+        file: the reference only reads them (torch warns that it could write)."""
+        import warnings
+
         unit._meta_parameters = dict(unit.named_parameters(remove_duplicate=False))
-        for name, param in unit._meta_parameters.items():
-            _set(unit, name, torch.nn.Parameter(torch.from_numpy(self.parameter(param)), requires_grad=False))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            for name, param in unit._meta_parameters.items():
+                _set(unit, name, torch.nn.Parameter(torch.from_numpy(self.parameter(param)), requires_grad=False))
 
     def _drop(self, unit) -> None:
         for name, param in unit.__dict__.pop("_meta_parameters").items():

@@ -102,3 +102,21 @@ def test_graphs_larger_than_the_memory_available_are_found(tiny_bundle, monkeypa
     monkeypatch.setattr(memory_log, "available_bytes", lambda: 1024)
     found = split_model.too_large(tiny_bundle, manifest)
     assert set(found) == set(manifest.graphs) and "exceed 70% of the memory available here" in found["verify"]
+
+
+def test_the_reference_over_a_mapped_gguf_warns_nothing(tmp_path, checkpoint_script):
+    """A GGUF's tensors are read-only arrays over its mapped file; torch warns once per process
+    about such arrays, so the check runs in a process of its own."""
+    import subprocess
+    import sys
+
+    tiny = dict(checkpoint_script.SHAPES["qwen2.5-0.5b"], hidden_size=64, num_hidden_layers=2,
+                intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, vocab_size=400)
+    config, params = checkpoint_script.parameters(tiny)
+    path = tmp_path / "tiny-q4_0.gguf"
+    checkpoint_script.write_gguf(path, config, params)
+    run = ("import sys, torch\nfrom specdeploy.export import streamed\n"
+           "_, _, weights = streamed.load_skeleton(sys.argv[1])\n"
+           "with torch.no_grad(), weights.materialized() as model:\n    model(torch.tensor([[1, 2, 3]]))\n")
+    result = subprocess.run([sys.executable, "-W", "error", "-c", run, str(path)], capture_output=True, text=True)
+    assert result.returncode == 0 and "not writable" not in result.stderr, result.stderr[-2000:]
