@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 MADV_PAGEOUT = 21  # linux/mman-common.h, Linux >= 5.4
+MADV_RANDOM = 1
 
 
 def mapped_ranges(root: Path, maps: str = "/proc/self/maps") -> list[tuple[int, int]]:
@@ -61,13 +62,17 @@ def _libc() -> ctypes.CDLL:
 
 
 def page_out(root: Path) -> int:
-    """Advises the kernel to reclaim the pages of files under `root`; returns the bytes advised."""
+    """Advises the kernel to reclaim the pages of files under `root`, and to read a page that is
+    faulted back in alone (MADV_RANDOM): what comes back is an embedding row here and there, and
+    the default read-ahead brought ~100 KB of the file in with each one (a 1.5B model's 2,000
+    distinct tokens: 200 MB of its embedding resident). Returns the bytes advised."""
     if not sys.platform.startswith("linux"):
         return 0
     libc, advised = _libc(), 0
     for start, end in mapped_ranges(root):
         if libc.madvise(start, end - start, MADV_PAGEOUT) != 0:
             return advised  # EINVAL: a kernel without MADV_PAGEOUT; the pages simply stay
+        libc.madvise(start, end - start, MADV_RANDOM)
         advised += end - start
     return advised
 

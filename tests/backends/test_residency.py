@@ -91,6 +91,26 @@ def test_page_out_releases_resident_pages_and_keeps_their_bytes(tmp_path):
         del view
 
 
+def test_pages_faulted_back_after_page_out_come_one_at_a_time(tmp_path):
+    """An embedding row read after its file's pages went brings back its own page, not the ~100 KB
+    of read-ahead around it."""
+    import os
+
+    path = tmp_path / "weights.bin"
+    np.random.default_rng(1).integers(0, 255, 16 << 20, dtype=np.uint8).tofile(path)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        os.fsync(f.fileno())  # clean pages: the kernel drops them from the page cache when paged out
+        view = np.frombuffer(mapped, np.uint8)
+        int(view.sum())
+        if page_out(tmp_path) == 0:
+            pytest.skip("this kernel has no MADV_PAGEOUT")
+        before = resident_kb(path)
+        rows = range(1 << 20, 15 << 20, 1 << 20)  # 14 rows 1 MB apart
+        assert [int(view[row]) for row in rows] == [int(x) for x in np.fromfile(path, np.uint8)[list(rows)]]
+        assert resident_kb(path) - before <= 8 * len(rows)  # KB: a 4 KB page each (two at most)
+        del view
+
+
 @linux
 def test_an_int4_bundle_computes_the_same_bytes_once_its_pages_go(tiny_bundle, tmp_path, monkeypatch):
     """The int4 sessions' mapped weight pages are handed back and their passes stay bitwise equal."""
