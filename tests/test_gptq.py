@@ -41,9 +41,10 @@ def test_gptq_over_uncorrelated_activations_is_round_to_nearest():
         np.testing.assert_array_equal(gptq.quantize(w, h, 4, 16, grid).q, nbits.quantize(w, 4, 16, grid).q)
 
 
-@pytest.mark.parametrize("gathered", [6, 512])  # rows multiplied at once: some feeds and a rest, or all
-def test_gram_matrices_sum_each_weight_inputs_rows(tmp_path, monkeypatch, gathered):
+@pytest.mark.parametrize("gathered, block", [(6, 512), (512, 12)])  # rows at once; H's rows a product makes
+def test_gram_matrices_sum_each_weight_inputs_rows(tmp_path, monkeypatch, gathered, block):
     monkeypatch.setattr(gptq, "GRAM_ROWS", gathered)
+    monkeypatch.setattr(gptq, "GRAM_BLOCK", block)  # 12: K = 32 in blocks of 12, 12 and 8, two mirrored
     weight = np.random.default_rng(0).normal(size=(32, 8)).astype(np.float32)
     path = tmp_path / "g.onnx"
     onnx.save(_matmul_model(weight), str(path))
@@ -93,3 +94,22 @@ def test_gptq_in_column_slices_rounds_as_the_whole_walk(monkeypatch):
     assert (sliced.q == whole.q).mean() > 0.995
     assert gptq.output_error(w, sliced.dequantize(), h) == pytest.approx(gptq.output_error(w, whole.dequantize(), h),
                                                                          rel=0.02)
+
+
+def test_weights_reading_one_input_share_its_h_and_factor(tmp_path, monkeypatch):
+    """q, k and v (gate and up) read one input: its H and the inverse's factor are made once."""
+    made = []
+    factor = gptq._inverse_factor
+    monkeypatch.setattr(gptq, "_inverse_factor", lambda h: made.append(len(h)) or factor(h))
+    weight = np.random.default_rng(0).normal(size=(32, 8)).astype(np.float32)
+    path = tmp_path / "g.onnx"
+    onnx.save(_matmul_model(weight), str(path))
+    xs = [np.random.default_rng(i).normal(size=(1, 40, 32)).astype(np.float32) for i in (1, 2)]
+    spilled = gptq.SpilledGrams(path, [lambda x=x: {"x": x} for x in xs])
+    try:
+        first, second = spilled.get("x"), spilled.get("x")
+        assert first is second
+        a, b = gptq.quantize(weight, first, 4, 16), gptq.quantize(weight[:, ::-1].copy(), second, 4, 16)
+        assert made == [32] and a.q.shape == b.q.shape
+    finally:
+        spilled.close()

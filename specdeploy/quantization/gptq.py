@@ -10,6 +10,7 @@ are carried as they are.
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Callable
 
@@ -23,7 +24,8 @@ CHUNK = 128   # rows whose updates to the later rows are applied as one matmul
 STRIDE = 16   # rows within a CHUNK whose updates to the rest of it are applied as one matmul
 INVERSE_LEAF = 512  # a triangular factor this small is inverted by one triangular solve
 COLUMNS = 1 << 24  # weights (K x columns) walked at once: 64 MB of float32
-GRAM_ROWS = 512  # activation rows multiplied into the Gram matrices at once
+GRAM_ROWS = 2048  # activation rows multiplied into the Gram matrices at once
+GRAM_BLOCK = 512  # H's rows made by one product (the blocks below the diagonal are mirrored)
 
 
 class SpilledGrams:
@@ -41,6 +43,7 @@ class SpilledGrams:
 
         self._dir = tempfile.TemporaryDirectory(dir=graph_file.parent.parent, prefix=".activations-")
         self._files: dict[str, tuple[Path, int]] = {}
+        self._last: tuple[str | None, Hessian | None] = (None, None)
         handles = {}
         try:
             for values in matmul_activations(graph_file, feeds):
@@ -53,26 +56,59 @@ class SpilledGrams:
             for handle in handles.values():
                 handle.close()
 
-    def get(self, name: str) -> np.ndarray | None:
+    def get(self, name: str) -> Hessian | None:
+        """The input's H; the last one asked for is kept (with its factor, once made), as the
+        matmuls reading one input (q, k and v; gate and up) are rounded one after another."""
         if name not in self._files:
             return None
-        path, k = self._files[name]
-        x = np.memmap(path, dtype=np.float32, mode="r").reshape(-1, k)                  # [rows, K]
-        gram = np.zeros((k, k), np.float32)                                               # [K, K]
-        for start in range(0, len(x), GRAM_ROWS):
-            rows = np.asarray(x[start : start + GRAM_ROWS])
-            gram += rows.T @ rows
-        return gram
+        if self._last[0] != name:
+            self._last = (None, None)  # freed before the next is made
+            path, k = self._files[name]
+            self._last = (name, Hessian(_gram(np.memmap(path, dtype=np.float32, mode="r").reshape(-1, k))))
+        return self._last[1]
 
     def close(self) -> None:
+        self._last = (None, None)
         self._dir.cleanup()
+
+
+class Hessian:
+    """H = Xᵀ X of one matmul input and, made when first asked for, GPTQ's walk order and the
+    inverse's factor over it: once for all the weights that read that input."""
+
+    def __init__(self, gram: np.ndarray):
+        self.gram = np.asarray(gram)
+
+    @functools.cached_property
+    def factor(self) -> tuple[np.ndarray, np.ndarray]:
+        """(order [K], U [K, K]): rows walked busiest channel first (see `quantize`)."""
+        order = np.argsort(-np.diag(self.gram), kind="stable")
+        return order, _inverse_factor(self.gram[np.ix_(order, order)])
+
+
+def _gram(x: np.ndarray) -> np.ndarray:
+    """Xᵀ X [K, K] of the rows X [rows, K] (a memory map), GRAM_ROWS rows at a time: the blocks on
+    and above the diagonal in matrix products, the rest mirrored (H is symmetric: at K = 8,960 about
+    half the products' time, which is most of GPTQ's after the calibration passes)."""
+    import torch
+
+    k = x.shape[1]
+    gram = torch.zeros((k, k), dtype=torch.float32)                                       # [K, K]
+    for start in range(0, len(x), GRAM_ROWS):
+        rows = torch.from_numpy(np.array(x[start : start + GRAM_ROWS]))                   # [rows, K], read
+        for first in range(0, k, GRAM_BLOCK):
+            last = min(first + GRAM_BLOCK, k)
+            gram[first:last, first:].addmm_(rows[:, first:last].T, rows[:, first:])
+    for first in range(GRAM_BLOCK, k, GRAM_BLOCK):
+        gram[first:, first - GRAM_BLOCK:first] = gram[first - GRAM_BLOCK:first, first:].T
+    return gram.numpy()
 
 
 def gram_matrices(graph_file: Path, feeds: list[Callable[[], dict]]) -> dict[str, np.ndarray]:
     """Every input's H at once (what tests and probes compare against SpilledGrams)."""
     spilled = SpilledGrams(graph_file, feeds)
     try:
-        return {name: spilled.get(name) for name in spilled._files}
+        return {name: spilled.get(name).gram for name in spilled._files}
     finally:
         spilled.close()
 
@@ -112,7 +148,7 @@ def _lower_inverse(lower):
     return inverse
 
 
-def quantize(w: np.ndarray, gram: np.ndarray, bits: int, block: int, grid: str = "absmax") -> nbits.Blocks:
+def quantize(w: np.ndarray, gram: np.ndarray | Hessian, bits: int, block: int, grid: str = "absmax") -> nbits.Blocks:
     """Blocks of W [K, N] (x @ W) by GPTQ over H = `gram` [K, K] on round-to-nearest's grid: its
     block scales (and, for "minmax", its float offset per 32 of K), set from W before the walk.
 
@@ -124,8 +160,7 @@ def quantize(w: np.ndarray, gram: np.ndarray, bits: int, block: int, grid: str =
     k, n = w.shape
     if k % block or (grid == "minmax" and k % nbits.OFFSET_BLOCK):
         raise ValueError(f"K={k} is not a multiple of the block size {block}")
-    order = np.argsort(-np.diag(gram), kind="stable")                              # [K]
-    u = _inverse_factor(np.asarray(gram)[np.ix_(order, order)])                   # [K, K]
+    order, u = (gram if isinstance(gram, Hessian) else Hessian(gram)).factor      # [K], [K, K]
     width = max(1, COLUMNS // k)
     return nbits.Blocks.joined([_walk(np.asarray(w[:, c:c + width], np.float32), u, order, bits, block, grid)
                                 for c in range(0, n, width)])
