@@ -113,3 +113,26 @@ def test_weights_reading_one_input_share_its_h_and_factor(tmp_path, monkeypatch)
         assert made == [32] and a.q.shape == b.q.shape
     finally:
         spilled.close()
+
+
+def test_a_graphs_spilled_activations_go_when_the_next_graph_asks_for_its_own(monkeypatch):
+    """Graphs are rounded one after another: the draft graph's spilled rows and kept H are freed
+    when the verify graph's are made, not held until the end."""
+    from specdeploy.quantization import feeds
+
+    class Spilled:
+        def __init__(self, file, feeds):
+            self.file, self.closed = file, False
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(gptq, "SpilledGrams", Spilled)
+    calibration = feeds.Calibration(lambda: {"draft": [], "verify": []}, {}, {"draft": "d.onnx", "verify": "v.onnx"})
+    grams = calibration.grams("draft")  # what the draft graph's matmuls call, each weight in turn
+    draft = grams()
+    assert grams() is draft is not None and not draft.closed
+    verify = calibration.grams("verify")()
+    assert draft.closed and not verify.closed
+    calibration.close()
+    assert verify.closed
