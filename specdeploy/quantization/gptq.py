@@ -30,7 +30,7 @@ GRAM_BLOCK = 512  # H's rows made by one product (the blocks below the diagonal 
 
 class SpilledGrams:
     """H = Xᵀ X [K, K] of each weight matmul's input over the calibration feeds, made when GPTQ asks
-    for that input's (`get`) and not kept (float32: GPTQ damps H anyway).
+    for that input's (`get`), only the last one kept (float32: GPTQ damps H anyway).
 
     A graph's matrices all at once were its largest allocation: K² floats per input, ~7 GB for a
     1.5B model's verify graph. Here one pass of the fp32 graph spills every input's rows to a file
