@@ -102,7 +102,7 @@ class Calibration:
     def grams(self, name: str) -> Callable[[], gptq.SpilledGrams | None]:
         """The graph's input Gram matrices (each made when its weight is rounded: gptq.SpilledGrams),
         their activations spilled when first asked for. Graphs are rounded one after another, so the
-        previous graph's are removed then (its spilled rows, 11 GB for a 1.5B verify graph here, and
+        previous graph's are removed then (its spilled rows, 4.4 GB for a 1.5B draft graph here, and
         the last H and factor it kept, 0.6 GB)."""
         file = self.gptq_graphs.get(name)
 
