@@ -412,3 +412,14 @@ def test_bundles_ab_measures_each_bundle_against_the_first(tiny_bundle, tmp_path
     bad = subprocess.run([sys.executable, script, str(tiny_bundle), str(tmp_path / "none")],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+
+
+def test_gptq_parts_times_each_part_against_its_former_form():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "gptq_parts.py"), "--k", "1088", "--n", "48",
+                          "--rows", "3000", "--repeats", "1"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == ["gram", "factor", "walk"] and all(line.endswith("x)") for line in lines)

@@ -101,8 +101,7 @@ def pad_rows(model, needs=node_rows) -> int:
         present = {t.name for t in model.graph.initializer}
         model.graph.initializer.extend(numpy_helper.from_array(np.array(v, np.int64), k)
                                        for k, v in CONSTANTS.items() if k not in present)
-        del model.graph.node[:]
-        model.graph.node.extend(nodes)
+        set_nodes(model, nodes)
     return count
 
 
