@@ -8,6 +8,8 @@ channel 20x the rest (as in LLMs); times are the best of --repeats.
   gram:   H = Xᵀ X, the blocks on and above the diagonal mirrored (gptq._gram) / the whole product;
   factor: one Cholesky of the reversed H, its inverse by halves (gptq._inverse_factor) /
           Cholesky -> cholesky_inverse -> upper Cholesky of the inverse;
+  inverse: L⁻¹ by halves, the corner by two triangular solves (gptq._lower_inverse) / by two
+          dense products;
   walk:   the column walk (gptq.quantize with the factor made) / row-by-row numpy updates.
 """
 from __future__ import annotations
@@ -44,6 +46,21 @@ def _cholesky_factor(gram: np.ndarray) -> np.ndarray:
     h = torch.tensor(gram)
     h.diagonal().add_(gptq.DAMP * float(torch.diagonal(h).mean()))
     return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True).numpy()
+
+
+def _products_inverse(lower):
+    """L⁻¹ by halves with the corner -C⁻¹ B A⁻¹ as two dense products (the form before the solves)."""
+    import torch
+
+    k = len(lower)
+    if k <= gptq.INVERSE_LEAF:
+        return torch.linalg.solve_triangular(lower, torch.eye(k, dtype=lower.dtype), upper=False)
+    half = k // 2
+    first, second = _products_inverse(lower[:half, :half]), _products_inverse(lower[half:, half:])
+    inverse = torch.zeros_like(lower)
+    inverse[:half, :half], inverse[half:, half:] = first, second
+    inverse[half:, :half] = -(second @ lower[half:, :half]) @ first
+    return inverse
 
 
 def _numpy_walk(w: np.ndarray, u: np.ndarray, order: np.ndarray, block: int) -> np.ndarray:
@@ -87,6 +104,13 @@ def main() -> None:
     old, _ = _best(lambda: _cholesky_factor(ordered), args.repeats)
     print(f"factor K {args.k}: reversed Cholesky + halves {new:.2f} s, Cholesky inverse route {old:.2f} s "
           f"({old / new:.2f}x)")
+    import torch
+
+    damped = torch.from_numpy(ordered).flip((0, 1)) + gptq.DAMP * float(np.diag(ordered).mean()) * torch.eye(args.k)
+    lower = torch.linalg.cholesky(damped)                                                # [K, K]
+    new, _ = _best(lambda: gptq._lower_inverse(lower), args.repeats)
+    old, _ = _best(lambda: _products_inverse(lower), args.repeats)
+    print(f"inverse K {args.k}: corners by solves {new:.2f} s, by products {old:.2f} s ({old / new:.2f}x)")
     w = (rng.normal(size=(args.k, args.n)) * 0.02).astype(np.float32)
     hessian = gptq.Hessian(gram)
     hessian.__dict__["factor"] = (order, u)  # made above: time the walk alone

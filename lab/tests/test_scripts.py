@@ -422,4 +422,4 @@ def test_gptq_parts_times_each_part_against_its_former_form():
                           "--rows", "3000", "--repeats", "1"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert [line.split()[0] for line in lines] == ["gram", "factor", "walk"] and all(line.endswith("x)") for line in lines)
+    assert [line.split()[0] for line in lines] == ["gram", "factor", "inverse", "walk"] and all(line.endswith("x)") for line in lines)

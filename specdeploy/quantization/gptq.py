@@ -133,8 +133,9 @@ def _inverse_factor(gram: np.ndarray) -> np.ndarray:
 
 def _lower_inverse(lower):
     """L⁻¹ of a lower-triangular L [K, K]: [[A, 0], [B, C]]⁻¹ = [[A⁻¹, 0], [-C⁻¹ B A⁻¹, C⁻¹]], the
-    halves recursively, so that most of the work is two matrix products (a triangular solve
-    against the identity computes through its zeros)."""
+    halves recursively and the corner by two triangular solves (C X A = -B), about K³/3 operations
+    in all (a triangular solve against the identity computes through its zeros: K³; the corner as two
+    dense products: 2K³/3). At K = 8,960 2.3 s against 2.8 s as products (lab/scripts/gptq_parts.py)."""
     import torch
 
     k = len(lower)
@@ -144,7 +145,8 @@ def _lower_inverse(lower):
     first, second = _lower_inverse(lower[:half, :half]), _lower_inverse(lower[half:, half:])
     inverse = torch.zeros_like(lower)
     inverse[:half, :half], inverse[half:, half:] = first, second
-    inverse[half:, :half] = -(second @ lower[half:, :half]) @ first
+    corner = torch.linalg.solve_triangular(lower[half:, half:], lower[half:, :half], upper=False)  # C⁻¹ B
+    inverse[half:, :half] = -torch.linalg.solve_triangular(lower[:half, :half], corner, upper=False, left=False)
     return inverse
 
 
