@@ -121,8 +121,8 @@ def test_a_graphs_spilled_activations_go_when_the_next_graph_asks_for_its_own(mo
     from specdeploy.quantization import feeds
 
     class Spilled:
-        def __init__(self, file, feeds):
-            self.file, self.closed = file, False
+        def __init__(self, file, feeds, outputs=()):
+            self.file, self.closed, self.outputs = file, False, {name: [] for name in outputs}
 
         def close(self):
             self.closed = True
@@ -136,3 +136,29 @@ def test_a_graphs_spilled_activations_go_when_the_next_graph_asks_for_its_own(mo
     assert draft.closed and not verify.closed
     calibration.close()
     assert verify.closed
+
+
+def test_gptq_feeds_each_graph_the_hidden_states_its_spilling_pass_returned(tiny_bundle, monkeypatch):
+    """No separate fp32 pass over the calibration text: the draft graph's spilling pass returns the
+    exit hidden states the verify graph is fed, the verify graph's the head's; each H is the one
+    the whole fp32 pass (the runtime's sessions) gives."""
+    from specdeploy.bundle import io_names, manifest as manifest_io
+    from specdeploy.quantization import feeds
+    from specdeploy.quantization.compute import ComputeOptions
+
+    manifest = manifest_io.read(tiny_bundle)
+    texts = feeds.calibration_texts(None)[:4]
+    plan = {name: "int4" for name in manifest.graphs}
+    whole = feeds.calibration_feeds(tiny_bundle, manifest, texts)
+    monkeypatch.setattr(feeds, "calibration_feeds", lambda *a, **k: pytest.fail("a separate feeding pass ran"))
+    calibration = feeds.calibrate(tiny_bundle, manifest, plan, "gptq", ComputeOptions(), texts)
+    try:
+        for name in (io_names.DRAFT, io_names.VERIFY, io_names.HEAD):
+            spilled = calibration.grams(name)()
+            expected = gptq.gram_matrices(tiny_bundle / manifest.graph(name).file, whole[name])
+            assert set(spilled._files) == set(expected)
+            for key, h in expected.items():
+                np.testing.assert_allclose(spilled.get(key).gram, h, rtol=1e-4, atol=1e-3 * np.abs(h).max())
+        assert "feeds" not in calibration.__dict__
+    finally:
+        calibration.close()

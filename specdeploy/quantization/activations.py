@@ -21,14 +21,22 @@ def matmul_inputs(model) -> set[str]:
 
 def matmul_activations(graph_file: Path, feeds: list[Callable[[], dict]]) -> Iterator[dict[str, np.ndarray]]:
     """Per feed, every weight matmul's input by name, as rows [rows, K]."""
+    return (inputs for inputs, _ in graph_activations(graph_file, feeds))
+
+
+def graph_activations(graph_file: Path, feeds: list[Callable[[], dict]], outputs: tuple[str, ...] = ()
+                      ) -> Iterator[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]:
+    """Per feed, (every weight matmul's input as rows [rows, K], the graph's `outputs` as it returns
+    them): the pass that exposes a graph's inputs also makes what the next graph is fed."""
     import onnx
     import onnxruntime as ort
 
     model = onnx.load(str(graph_file), load_external_data=False)
-    wanted = sorted(matmul_inputs(model))
-    outputs = {o.name for o in model.graph.output}
+    inputs = sorted(matmul_inputs(model))
+    declared = {o.name for o in model.graph.output}
     model.graph.output.extend(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
-                              for name in wanted if name not in outputs)
+                              for name in inputs if name not in declared)
+    wanted = inputs + [name for name in outputs if name not in inputs]
     probe = graph_file.with_name(f".activations-{graph_file.name}")  # beside it: its external data resolves
     onnx.save(model, str(probe))
     try:
@@ -36,7 +44,8 @@ def matmul_activations(graph_file: Path, feeds: list[Callable[[], dict]]) -> Ite
         options.log_severity_level = 3
         session = ort.InferenceSession(str(probe), options, providers=["CPUExecutionProvider"])
         for make in feeds:
-            values = session.run(wanted, make())
-            yield {name: value.reshape(-1, value.shape[-1]) for name, value in zip(wanted, values)}
+            values = dict(zip(wanted, session.run(wanted, make())))
+            yield ({name: values[name].reshape(-1, values[name].shape[-1]) for name in inputs},
+                   {name: values[name] for name in outputs})
     finally:
         probe.unlink()

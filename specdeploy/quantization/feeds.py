@@ -31,20 +31,23 @@ class Reader:
         return None if make is None else make()
 
 
-def calibration_feeds(bundle: Path, manifest, texts: list[str],
-                      window: int = 32) -> dict[str, list[Callable[[], dict]]]:
-    """Per graph, feeds from running the fp32 bundle on fixed-size windows of the calibration texts,
-    one graph at a time (runtime.split_model.graph_at_a_time: a large model's fp32 graphs are never
-    resident together).
-
-    Equal shapes let every calibrator (histograms too) merge its statistics across samples.
-    """
-    from ..runtime.split_model import SplitModel, graph_at_a_time
+def calibration_windows(bundle: Path, manifest, texts: list[str], window: int = 32) -> list[list[int]]:
+    """The calibration texts' tokens in fixed-size windows: equal shapes let every calibrator
+    (histograms too) merge its statistics across samples."""
     from ..runtime.tokenizer import Tokenizer, encode_plain
 
     tokenizer = Tokenizer(bundle / manifest.tokenizer, None, manifest.model.bos_token_id)
     stream = [t for text in texts for t in encode_plain(tokenizer, manifest.model, text)]
-    windows = [stream[start : start + window] for start in range(0, len(stream) - window + 1, window)]
+    return [stream[start : start + window] for start in range(0, len(stream) - window + 1, window)]
+
+
+def calibration_feeds(bundle: Path, manifest, texts: list[str],
+                      window: int = 32) -> dict[str, list[Callable[[], dict]]]:
+    """Per graph, feeds from running the fp32 bundle on the calibration windows, one graph at a time
+    (runtime.split_model.graph_at_a_time: a large model's fp32 graphs are never resident together)."""
+    from ..runtime.split_model import SplitModel, graph_at_a_time
+
+    windows = calibration_windows(bundle, manifest, texts, window)
     model = SplitModel(manifest, graph_at_a_time(bundle, manifest))
     try:
         hidden = [model.draft_pass(ids, 0).copy() for ids in windows]                  # [S, H] each
@@ -52,15 +55,25 @@ def calibration_feeds(bundle: Path, manifest, texts: list[str],
         final = [model.verify_pass(h, 0).copy() for h in hidden]                      # [S, H] each
     finally:
         model.close()
-    feeds = {name: [] for name in manifest.graphs}
-    for ids, hidden_k, last in zip(windows, hidden, final):
-        feeds[io_names.DRAFT].append(decoder_feed(manifest, io_names.DRAFT, io_names.INPUT_IDS,
-                                                  np.array([ids], np.int64)))
-        feeds[io_names.VERIFY].append(decoder_feed(manifest, io_names.VERIFY, io_names.HIDDEN_IN, hidden_k[None]))
-        feeds[io_names.HEAD].append(lambda f=last: {io_names.HIDDEN_IN: f[None]})
-        if io_names.DRAFT_HEAD in manifest.graphs:
-            feeds[io_names.DRAFT_HEAD].append(lambda h=hidden_k: {io_names.HIDDEN_IN: h[None]})
-    return feeds
+    hidden_by = {io_names.DRAFT: hidden, io_names.VERIFY: final}
+    return {name: fed_by(manifest, name, windows, hidden_by) if name in FED_BY else [] for name in manifest.graphs}
+
+
+FED_BY = {io_names.DRAFT: None, io_names.VERIFY: io_names.DRAFT, io_names.DRAFT_HEAD: io_names.DRAFT,
+          io_names.HEAD: io_names.VERIFY}  # the graph whose hidden states [S, H] a graph is fed
+
+
+def fed_by(manifest, name: str, windows: list[list[int]], hidden: dict[str, list[np.ndarray]]
+           ) -> list[Callable[[], dict]]:
+    """A graph's feeds: the windows' tokens (the draft graph) or, per window, the hidden states the
+    graph before it (FED_BY) returned."""
+    source = FED_BY[name]
+    if source is None:
+        return [decoder_feed(manifest, name, io_names.INPUT_IDS, np.array([ids], np.int64)) for ids in windows]
+    rows = [h.reshape(-1, h.shape[-1]) for h in hidden[source]]                          # [S, H] each
+    if name == io_names.VERIFY:
+        return [decoder_feed(manifest, name, io_names.HIDDEN_IN, h[None]) for h in rows]
+    return [lambda h=h: {io_names.HIDDEN_IN: h[None]} for h in rows]
 
 
 def decoder_feed(manifest, graph: str, first: str, value: np.ndarray) -> Callable[[], dict]:
@@ -89,11 +102,18 @@ class Calibration:
     """What quantizing needs from the fp32 bundle: feeds per graph (fp8's calibrator), activation
     outlier channels per int graph (outliers.py), and which graphs GPTQ rounds (gptq.py). The feeds
     run the fp32 bundle over the calibration text; they are made when first asked for, so GPTQ over a
-    GGUF whose blocks all carry costs nothing."""
+    GGUF whose blocks all carry costs nothing.
 
-    def __init__(self, make_feeds: Callable[[], dict], outliers: dict, gptq_graphs: dict):
+    GPTQ needs no separate feeding pass: each graph's spilling pass (gptq.SpilledGrams) also returns
+    its hidden states, which feed the graph after it (FED_BY). Where those are missing (a graph not
+    rounded, or feeds already made for outliers) the graph takes `feeds`."""
+
+    def __init__(self, make_feeds: Callable[[], dict], outliers: dict, gptq_graphs: dict,
+                 make_windows: Callable[[], list] | None = None, manifest=None):
         self._make_feeds, self.outliers, self.gptq_graphs = make_feeds, outliers, gptq_graphs
+        self._make_windows, self._manifest = make_windows, manifest
         self._spilled: list = []
+        self._hidden: dict[str, list[np.ndarray]] = {}  # the hidden states each spilled graph returned
 
     @functools.cached_property
     def feeds(self) -> dict:
@@ -111,9 +131,18 @@ class Calibration:
             if file is None:
                 return None
             self.close()
-            self._spilled.append(gptq.SpilledGrams(file, self.feeds[name]))
+            returns = (io_names.HIDDEN_OUT,) if name in FED_BY.values() else ()
+            self._spilled.append(gptq.SpilledGrams(file, self._feeds_for(name), returns))
+            if returns:
+                self._hidden[name] = self._spilled[-1].outputs[io_names.HIDDEN_OUT]
             return self._spilled[-1]
         return spilled
+
+    def _feeds_for(self, name: str) -> list[Callable[[], dict]]:
+        source = FED_BY.get(name, name)
+        if "feeds" in self.__dict__ or self._make_windows is None or (source and source not in self._hidden):
+            return self.feeds[name]
+        return fed_by(self._manifest, name, self._make_windows() if source is None else [], self._hidden)
 
     def close(self) -> None:
         """Remove the spilled activations."""
@@ -130,7 +159,8 @@ def calibrate(bundle: Path, manifest, plan: dict, method: str, options: ComputeO
     ints = {n for n, p in plan.items() if p in COMPUTE_FORMS and method != "ort" and n not in io_names.FEATURE_GRAPHS}
     wants = {n for n in ints if options.outliers_for(plan[n])}
     rounds = ints if method == "gptq" else set()
-    calibration = Calibration(lambda: calibration_feeds(bundle, manifest, texts), {}, {})
+    calibration = Calibration(lambda: calibration_feeds(bundle, manifest, texts), {}, {},
+                              lambda: calibration_windows(bundle, manifest, texts), manifest)
     file = lambda n: bundle / manifest.graph(n).file  # noqa: E731
     found = {n: outliers.outlier_channels(outliers.channel_maxima(file(n), calibration.feeds[n])) for n in wants}
     calibration.outliers, calibration.gptq_graphs = found, {n: file(n) for n in rounds}

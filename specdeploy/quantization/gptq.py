@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from . import nbits
-from .activations import matmul_activations
+from .activations import graph_activations
 
 DAMP = 0.01   # share of H's mean diagonal added to it: channels the text rarely uses stay invertible
 CHUNK = 128   # rows whose updates to the later rows are applied as one matmul
@@ -36,17 +36,21 @@ class SpilledGrams:
     1.5B model's verify graph. Here one pass of the fp32 graph spills every input's rows to a file
     of their own (rows x K floats: a few hundred KB a token), and one input's H is summed from its
     file GRAM_ROWS rows at a time when its weight is rounded: 0.3 GB at K = 8,960. The files live in
-    a temporary directory beside the bundle, removed by `close` (or with this object)."""
+    a temporary directory beside the bundle, removed by `close` (or with this object). The same pass
+    keeps the graph's `outputs` per feed (`self.outputs`): the next graph's calibration input."""
 
-    def __init__(self, graph_file: Path, feeds: list[Callable[[], dict]]):
+    def __init__(self, graph_file: Path, feeds: list[Callable[[], dict]], outputs: tuple[str, ...] = ()):
         import tempfile
 
         self._dir = tempfile.TemporaryDirectory(dir=graph_file.parent.parent, prefix=".activations-")
         self._files: dict[str, tuple[Path, int]] = {}
         self._last: tuple[str | None, Hessian | None] = (None, None)
+        self.outputs: dict[str, list[np.ndarray]] = {name: [] for name in outputs}
         handles = {}
         try:
-            for values in matmul_activations(graph_file, feeds):
+            for values, made in graph_activations(graph_file, feeds, outputs):
+                for name, value in made.items():
+                    self.outputs[name].append(value)
                 for name, rows in values.items():
                     if name not in handles:
                         path = Path(self._dir.name) / f"{len(handles)}.f32"
