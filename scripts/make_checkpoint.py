@@ -9,7 +9,9 @@ config is the model's own shape, the parameter names and shapes come from the fa
 Face module built on the meta device (no memory), and `model.safetensors` is written one tensor at
 a time in chunks (bf16, as checkpoints ship), so an 8B file is made in a few hundred MB. The
 tokenizer is byte-level (any text encodes, a token a byte), padded to the model's vocabulary size,
-with a chat template.
+with a chat template; --tokenizer-from takes a real model's instead (a GGUF file's, such as the
+example's, or a Hugging Face directory's), so that a text makes as many tokens as it would for a
+real model (the byte-level one makes about four times as many: GPTQ's calibration rows, prompts).
 With --gguf the same shape is written as a llama.cpp file instead: layer weights Q4_0, the
 embedding and output Q8_0, norms and biases F32 (llama.cpp's Q4_0 layout), the byte-level
 vocabulary and chat template in its metadata, one tensor in memory at a time.
@@ -93,6 +95,20 @@ def write_tokenizer(directory: Path, vocab_size: int) -> None:
     fast.save_pretrained(directory)
 
 
+def copy_tokenizer(source: Path, directory: Path, config) -> None:
+    """A real model's tokenizer, its chat template and its BOS / EOS ids into the config."""
+    from transformers import AutoTokenizer
+
+    gguf = source.suffix == ".gguf"
+    tokenizer = AutoTokenizer.from_pretrained(source.parent if gguf else source,
+                                              **({"gguf_file": source.name} if gguf else {}))
+    if len(tokenizer) > config.vocab_size:
+        raise SystemExit(f"{source}'s tokenizer has {len(tokenizer):,} tokens, more than this shape's "
+                         f"{config.vocab_size:,}-row embedding; take a smaller vocabulary's")
+    config.bos_token_id, config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
+    tokenizer.save_pretrained(directory)
+
+
 def write_gguf(path: Path, config, params: list[tuple[str, tuple[int, ...]]], seed: int = 0) -> int:
     """The checkpoint as a GGUF file (see the module docstring), tensors generated one at a time."""
     import gguf
@@ -155,6 +171,9 @@ def main() -> None:
     parser.add_argument("-o", "--output", type=Path)
     parser.add_argument("--list", action="store_true", help="list the shapes and their parameter counts")
     parser.add_argument("--gguf", action="store_true", help="write a Q4_0 GGUF file (-o names the file)")
+    parser.add_argument("--tokenizer-from", type=Path, metavar="PATH",
+                        help="a real model's tokenizer (a .gguf file or a Hugging Face directory) instead of "
+                             "the byte-level one (safetensors checkpoints only)")
     args = parser.parse_args()
     if args.list or not args.shape:
         for name in sorted(SHAPES):
@@ -162,6 +181,8 @@ def main() -> None:
             print(f"{name:14s} {sum(int(np.prod(d)) for _, d in params) / 1e9:.2f}B parameters")
         return
     config, params = parameters(SHAPES[args.shape])
+    if args.gguf and args.tokenizer_from:
+        parser.error("--tokenizer-from applies to safetensors checkpoints; the GGUF carries the byte-level vocabulary")
     if args.gguf:
         out = args.output or Path("models") / f"{args.shape}-random-q4_0.gguf"
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -171,9 +192,12 @@ def main() -> None:
     out = args.output or Path("models") / f"{args.shape}-random"
     out.mkdir(parents=True, exist_ok=True)
     config.dtype = "bfloat16"
+    if args.tokenizer_from:
+        copy_tokenizer(args.tokenizer_from, out, config)
+    else:
+        write_tokenizer(out, config.vocab_size)
     config.save_pretrained(out)
     written = write_safetensors(out / "model.safetensors", params)
-    write_tokenizer(out, config.vocab_size)
     print(f"{out}: {sum(int(np.prod(d)) for _, d in params) / 1e9:.2f}B parameters, {written / 2**30:.2f} GiB of bf16")
 
 

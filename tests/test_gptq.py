@@ -162,3 +162,18 @@ def test_gptq_feeds_each_graph_the_hidden_states_its_spilling_pass_returned(tiny
         assert "feeds" not in calibration.__dict__
     finally:
         calibration.close()
+
+
+def test_gptq_rounds_the_graphs_in_feeding_order_with_no_separate_feeding_pass(tiny_bundle, tmp_path, monkeypatch):
+    """The manifest lists the head before the verify graph; GPTQ rounds the verify graph first so that
+    the head is fed what the verify graph's spilling pass returned."""
+    from specdeploy.quantization import feeds
+    from specdeploy.quantization.options import QuantizeOptions
+    from specdeploy.quantization.quantize import quantize
+
+    assert feeds.feeding_order(["draft", "head", "verify"]) == ["draft", "verify", "head"]
+    monkeypatch.setattr(feeds, "calibration_feeds", lambda *a, **k: pytest.fail("a separate feeding pass ran"))
+    lines = []
+    quantize(tiny_bundle, tmp_path / "q.plan", QuantizeOptions("int4"), echo=lines.append)
+    assert [line.split(":")[0] for line in lines if line.startswith(("draft:", "verify:", "head:"))] == \
+        ["draft", "verify", "head"]

@@ -37,3 +37,21 @@ def test_a_written_file_loads_as_safetensors_with_every_tensor(script, tmp_path,
     loaded = load_file(tmp_path / "m.safetensors")
     assert {k: tuple(v.shape) for k, v in loaded.items()} == dict(params)
     assert np.array_equal(loaded["model.norm.weight"].float().numpy(), values[30:])
+
+
+def test_a_borrowed_tokenizer_brings_its_bos_and_eos_ids(script, tmp_path):
+    """--tokenizer-from: a real model's tokenizer replaces the byte-level one, and the config's
+    BOS / EOS ids are that tokenizer's."""
+    from transformers import AutoTokenizer
+
+    source = tmp_path / "source"
+    script.write_tokenizer(source, 300)
+    config, _ = script.parameters(script.SHAPES["qwen2.5-0.5b"])
+    config.bos_token_id = config.eos_token_id = 99
+    script.copy_tokenizer(source, tmp_path / "out", config)
+    copied = AutoTokenizer.from_pretrained(tmp_path / "out")
+    assert (config.bos_token_id, config.eos_token_id) == (0, 1) == (copied.bos_token_id, copied.eos_token_id)
+    assert copied.encode("hi there") == AutoTokenizer.from_pretrained(source).encode("hi there")
+    config.vocab_size = 100
+    with pytest.raises(SystemExit, match="more than this shape's"):
+        script.copy_tokenizer(source, tmp_path / "small", config)

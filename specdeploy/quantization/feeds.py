@@ -63,6 +63,14 @@ FED_BY = {io_names.DRAFT: None, io_names.VERIFY: io_names.DRAFT, io_names.DRAFT_
           io_names.HEAD: io_names.VERIFY}  # the graph whose hidden states [S, H] a graph is fed
 
 
+def feeding_order(names) -> list[str]:
+    """`names` with each graph after the one whose hidden states it is fed (draft, verify, head):
+    GPTQ rounds them in this order, so each spilling pass finds its feeds made by the one before."""
+    def depth(name):
+        return 0 if FED_BY.get(name) is None else 1 + depth(FED_BY[name])
+    return sorted(names, key=depth)
+
+
 def fed_by(manifest, name: str, windows: list[list[int]], hidden: dict[str, list[np.ndarray]]
            ) -> list[Callable[[], dict]]:
     """A graph's feeds: the windows' tokens (the draft graph) or, per window, the hidden states the

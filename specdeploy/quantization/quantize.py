@@ -103,7 +103,8 @@ def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str,
 
     files, carried, folded, fused, padded, found = {}, {}, {}, {}, {}, calibration.outliers
     context = manifest.max_context if fuse_attention else None
-    for name, graph in manifest.graphs.items():
+    for name in feeds_io.feeding_order(manifest.graphs):
+        graph = manifest.graphs[name]
         src, dst = bundle / graph.file, tmp / graph.file
         feeds = lambda name=name: calibration.feeds.get(name)  # noqa: E731  (made only where fp8 asks)
         drafter = name in io_names.FEATURE_GRAPHS  # see _feature_method
@@ -134,7 +135,9 @@ def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str,
     counts = {"gguf_carried_weights": carried, "folded_offsets": folded, "fused_attention": fused,
               "two_row_matmuls": padded,
               "float_outlier_channels": {n: int(sum(map(len, c.values()))) for n, c in found.items()}}
-    return files, counts
+    # the manifest's order again (the shared weights file's layout, the counts' order)
+    files = {Path(g.file).stem: files[Path(g.file).stem] for g in manifest.graphs.values()}
+    return files, {key: {n: by[n] for n in manifest.graphs if n in by} for key, by in counts.items()}
 
 
 def _feature_method(method: str) -> str:
