@@ -177,3 +177,5 @@ def test_gptq_rounds_the_graphs_in_feeding_order_with_no_separate_feeding_pass(t
     quantize(tiny_bundle, tmp_path / "q.plan", QuantizeOptions("int4"), echo=lines.append)
     assert [line.split(":")[0] for line in lines if line.startswith(("draft:", "verify:", "head:"))] == \
         ["draft", "verify", "head"]
+    rows = [line for line in lines if line.startswith("gptq: Gram matrices over ")]
+    assert len(rows) == 1 and int(rows[0].split()[4].replace(",", "")) % 32 == 0  # windows of 32 tokens

@@ -423,3 +423,16 @@ def test_gptq_parts_times_each_part_against_its_former_form():
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert [line.split()[0] for line in lines] == ["gram", "factor", "inverse", "walk"] and all(line.endswith("x)") for line in lines)
+
+
+def test_calibration_rows_counts_each_bundles_windows(tiny_bundle):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "calibration_rows.py"), str(tiny_bundle)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    first, line = out.stdout.splitlines()
+    assert first.startswith("built-in calibration text: 180 replies")
+    rows, windows = int(line.split(": ")[1].split()[0].replace(",", "")), int(line.split("(")[1].split()[0])
+    assert rows == 32 * windows > 0

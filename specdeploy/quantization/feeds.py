@@ -122,6 +122,7 @@ class Calibration:
         self._make_windows, self._manifest = make_windows, manifest
         self._spilled: list = []
         self._hidden: dict[str, list[np.ndarray]] = {}  # the hidden states each spilled graph returned
+        self.rows = 0  # calibration tokens GPTQ's draft graph was fed (its H's rows)
 
     @functools.cached_property
     def feeds(self) -> dict:
@@ -150,7 +151,9 @@ class Calibration:
         source = FED_BY.get(name, name)
         if "feeds" in self.__dict__ or self._make_windows is None or (source and source not in self._hidden):
             return self.feeds[name]
-        return fed_by(self._manifest, name, self._make_windows() if source is None else [], self._hidden)
+        windows = self._make_windows() if source is None else []
+        self.rows = self.rows or sum(map(len, windows))
+        return fed_by(self._manifest, name, windows, self._hidden)
 
     def close(self) -> None:
         """Remove the spilled activations."""

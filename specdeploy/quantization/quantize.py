@@ -189,6 +189,8 @@ def quantize_bundle(bundle: Path, options: QuantizeOptions, texts: list[str] | N
                                              echo, compute, unfused is None)
         finally:
             calibration.close()
+        if calibration.rows:
+            echo(f"gptq: Gram matrices over {calibration.rows:,} tokens of calibration text")
         if any(p in COMPUTE_FORMS for p in plan.values()):
             echo(_attention_line(counts["fused_attention"], unfused))
         out = tmp / "bundle"
