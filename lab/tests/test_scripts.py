@@ -436,3 +436,20 @@ def test_calibration_rows_counts_each_bundles_windows(tiny_bundle):
     assert first.startswith("built-in calibration text: 180 replies")
     rows, windows = int(line.split(": ")[1].split()[0].replace(",", "")), int(line.split("(")[1].split()[0])
     assert rows == 32 * windows > 0
+
+
+def test_q4_0_kernel_checks_its_rows_and_times_both_sides():
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("gcc") is None:
+        pytest.skip("builds its kernel with gcc")
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "q4_0_kernel.py"), "--k", "64", "--n", "96",
+                          "--pairs", "1", "--tokens", "2", "--repeats", "1"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    first, *_, last = out.stdout.splitlines()
+    assert first.startswith("rows bitwise independent")
+    ours, runtime = (float(part.split()[-1].rstrip(",")) for part in first.split(": ")[1].split(", "))
+    assert ours < 0.05 and runtime < 0.05  # both near the float product of the same weights
+    assert last.startswith("ours / MatMulNBits speed: ") and last.endswith("x")
