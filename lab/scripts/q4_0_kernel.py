@@ -32,9 +32,17 @@ def build(directory: Path) -> ctypes.CDLL:
     subprocess.run(["gcc", "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", str(HERE / "q4_0_kernel.c"),
                     "-o", str(library)], check=True)
     lib = ctypes.CDLL(str(library))
-    lib.q4_0_matmul.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                                ctypes.c_int, ctypes.c_void_p]
+    for kernel in (lib.q4_0_matmul, lib.q4_0x4_matmul):
+        kernel.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                           ctypes.c_int, ctypes.c_void_p]
     return lib
+
+
+def interleaved(qs: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The same bytes, 4 columns a block together: qs [N/4, K/32, 4, 16], d [N/4, K/32, 4]."""
+    n, nb = d.shape
+    return (np.ascontiguousarray(qs.reshape(n // 4, 4, nb, 16).transpose(0, 2, 1, 3)),
+            np.ascontiguousarray(d.reshape(n // 4, 4, nb).transpose(0, 2, 1)))
 
 
 def random_q4_0(k: int, n: int, rng) -> tuple[np.ndarray, np.ndarray]:
@@ -80,11 +88,15 @@ def session(weights: list[tuple[np.ndarray, np.ndarray]]):
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 
 
-def ours(lib, x: np.ndarray, qs: np.ndarray, d: np.ndarray) -> np.ndarray:
+def ours(lib, x: np.ndarray, qs: np.ndarray, d: np.ndarray, four: bool = False) -> np.ndarray:
+    """x [M, K] @ W through the kernel: `four`, the interleaved layout (qs, d from `interleaved`)."""
     x = np.ascontiguousarray(x, dtype=np.float32)                                      # [M, K]
-    y = np.empty((len(x), len(qs)), np.float32)                                        # [M, N]
-    if lib.q4_0_matmul(x.ctypes.data, len(x), x.shape[1], qs.ctypes.data, d.ctypes.data, len(qs), y.ctypes.data):
-        raise MemoryError("q4_0_matmul could not allocate its row buffers")
+    n = d.shape[0] * d.shape[2] if four else len(qs)
+    y = np.empty((len(x), n), np.float32)                                              # [M, N]
+    kernel = lib.q4_0x4_matmul if four else lib.q4_0_matmul
+    status = kernel(x.ctypes.data, len(x), x.shape[1], qs.ctypes.data, d.ctypes.data, n, y.ctypes.data)
+    if status:
+        raise RuntimeError(f"{kernel.__name__} returned {status} (-3: built without AVX-512 VNNI)")
     return y
 
 
@@ -98,8 +110,23 @@ def checks(lib, weights, rng) -> str:
     exact = x @ dequantized(qs, d)
     runtime = session([weights[0]]).run(None, {"x": x})[0]
     error = lambda y: float(np.linalg.norm(y - exact) / np.linalg.norm(exact))  # noqa: E731
-    return (f"rows bitwise independent (5 rows = each alone); relative error against the float product: "
+    line = (f"rows bitwise independent (5 rows = each alone); relative error against the float product: "
             f"ours {error(together):.4f}, MatMulNBits {error(runtime):.4f}")
+    if not wide(lib):
+        return line
+    four = interleaved(qs, d)
+    together = ours(lib, x, *four, four=True)
+    if not np.array_equal(together, np.concatenate([ours(lib, x[i:i + 1], *four, four=True) for i in range(len(x))])):
+        raise SystemExit("the interleaved kernel's rows are not independent")
+    return f"{line}, ours interleaved {error(together):.4f}"
+
+
+def wide(lib) -> bool:
+    """Whether the interleaved kernel was built (AVX-512 VNNI)."""
+    probe = np.zeros((1, QK), np.float32), np.zeros((1, 1, 4, 16), np.uint8), np.zeros((1, 1, 4), np.float16)
+    y = np.zeros((1, 4), np.float32)
+    return lib.q4_0x4_matmul(probe[0].ctypes.data, 1, QK, probe[1].ctypes.data, probe[2].ctypes.data, 4,
+                             y.ctypes.data) == 0
 
 
 def main() -> None:
@@ -119,12 +146,16 @@ def main() -> None:
         runtime = session(weights)
         x = rng.standard_normal((1, args.k)).astype(np.float32)                        # [1, K]
 
-        def chain():
+        four = [interleaved(qs, d) for qs, d in weights] if wide(lib) else []
+
+        def chain(layouts, **kind):
             y = x
-            for qs, d in weights:
-                y = ours(lib, y, qs, d)
+            for qs, d in layouts:
+                y = ours(lib, y, qs, d, **kind)
             return y
-        sides = {"MatMulNBits": lambda: runtime.run(None, {"x": x}), "ours": chain}
+        sides = {"MatMulNBits": lambda: runtime.run(None, {"x": x}), "ours": lambda: chain(weights)}
+        if four:
+            sides["interleaved"] = lambda: chain(four, four=True)
         times = {name: [] for name in sides}
         for _ in range(args.repeats + 1):  # the first round warms both up and is dropped
             for name, run in sides.items():
@@ -136,7 +167,9 @@ def main() -> None:
     print(f"{len(weights)} weights [{args.k} <-> {args.n}], {stored / 1e6:.0f} MB as Q4_0; median ms a row:")
     for name, ms in per.items():
         print(f"  {name:12s} {ms:7.2f} ms  {stored / ms / 1e6:5.1f} GB/s of Q4_0 bytes")
-    print(f"ours / MatMulNBits speed: {per['MatMulNBits'] / per['ours']:.2f}x")
+    for name in sides:
+        if name != "MatMulNBits":
+            print(f"{name} / MatMulNBits speed: {per['MatMulNBits'] / per[name]:.2f}x")
 
 
 if __name__ == "__main__":

@@ -448,8 +448,9 @@ def test_q4_0_kernel_checks_its_rows_and_times_both_sides():
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "q4_0_kernel.py"), "--k", "64", "--n", "96",
                           "--pairs", "1", "--tokens", "2", "--repeats", "1"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    first, *_, last = out.stdout.splitlines()
+    first, *_ = lines = out.stdout.splitlines()
     assert first.startswith("rows bitwise independent")
-    ours, runtime = (float(part.split()[-1].rstrip(",")) for part in first.split(": ")[1].split(", "))
-    assert ours < 0.05 and runtime < 0.05  # both near the float product of the same weights
-    assert last.startswith("ours / MatMulNBits speed: ") and last.endswith("x")
+    errors = [float(part.split()[-1]) for part in first.split(": ")[1].split(", ")]
+    assert len(errors) in (2, 3) and max(errors) < 0.05  # each near the float product of the same weights
+    ratios = [line for line in lines if line.endswith("x") and " / MatMulNBits speed: " in line]
+    assert [line.split()[0] for line in ratios] == ["ours", "interleaved"][: len(errors) - 1]
