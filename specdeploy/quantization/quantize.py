@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from .. import prompts
-from ..backends import attention_window
+from ..backends import attention_window, residency
 from ..bundle import io_names
 from ..bundle import manifest as manifest_io
 from ..errors import ConfigError, RowDependenceError, require
@@ -124,6 +124,7 @@ def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str,
         two = (f"; {padded[name]} matmuls handed a padded second row (a one-row int4 call is another "
                f"kernel without VNNI)" if padded[name] else "")
         echo(f"{name}: {plan[name]}{blocks}{_carried(carried[name], folded[name])}{kept}{two}")
+        residency.trim_heap()  # what a graph's rounding freed, before the next one's peak
         mark(f"quantizing the {name} graph")
     draft, head = plan[io_names.DRAFT], plan[io_names.HEAD]
     readers = [n for n in (io_names.DRAFT, io_names.FEATURE_HEAD) if n in manifest.graphs]

@@ -1,3 +1,4 @@
+# snap3: this change (one fp32 pass per graph) -> q-one-pass-N.txt; snapold: c90d477, the commit before it -> q-before-N.txt
 set -e
 PY=/work/main/.venv/bin/python
 cd /tmp/snap3
