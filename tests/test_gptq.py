@@ -179,3 +179,24 @@ def test_gptq_rounds_the_graphs_in_feeding_order_with_no_separate_feeding_pass(t
         ["draft", "verify", "head"]
     rows = [line for line in lines if line.startswith("gptq: Gram matrices over ")]
     assert len(rows) == 1 and int(rows[0].split()[4].replace(",", "")) % 32 == 0  # windows of 32 tokens
+
+
+def test_a_graph_too_large_to_run_at_fp32_is_rounded_to_nearest_and_named(tiny_bundle, tmp_path, monkeypatch):
+    """An 8B model's fp32 verify graph does not fit in a 24 GB machine's ONNX Runtime session: GPTQ
+    rounds the graphs it can run (the draft graph); the verify graph, and the head it feeds, are
+    rounded to nearest with the reason named, instead of the export being killed for memory."""
+    from specdeploy.quantization.options import QuantizeOptions
+    from specdeploy.quantization.quantize import quantize
+    from specdeploy.runtime import split_model
+
+    reason = "its weights (19.5 GiB) exceed 70% of the memory available here (21.9 GiB)"
+    monkeypatch.setattr(split_model, "too_large", lambda bundle, manifest: {"verify": reason})
+    asked = []
+    monkeypatch.setattr(gptq, "SpilledGrams", lambda file, feeds, outputs=(), real=gptq.SpilledGrams:
+                        asked.append(file.name) or real(file, feeds, outputs))
+    lines = []
+    quantize(tiny_bundle, tmp_path / "q.plan", QuantizeOptions("int4", report=False), echo=lines.append)
+    graphs = {line.split(":")[0]: line for line in lines if line.startswith(("draft:", "verify:", "head:"))}
+    assert asked == ["draft.onnx"] and "rounded to nearest" not in graphs["draft"]
+    assert f"rounded to nearest: GPTQ's fp32 pass over it would not fit here: {reason}" in graphs["verify"]
+    assert "rounded to nearest: GPTQ would feed it the verify graph's fp32 pass" in graphs["head"]

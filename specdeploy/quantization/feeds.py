@@ -119,6 +119,7 @@ class Calibration:
     def __init__(self, make_feeds: Callable[[], dict], outliers: dict, gptq_graphs: dict,
                  make_windows: Callable[[], list] | None = None, manifest=None):
         self._make_feeds, self.outliers, self.gptq_graphs = make_feeds, outliers, gptq_graphs
+        self.unrounded: dict[str, str] = {}  # graphs GPTQ cannot run at fp32 here -> why (rounded to nearest)
         self._make_windows, self._manifest = make_windows, manifest
         self._spilled: list = []
         self._hidden: dict[str, list[np.ndarray]] = {}  # the hidden states each spilled graph returned
@@ -170,9 +171,29 @@ def calibrate(bundle: Path, manifest, plan: dict, method: str, options: ComputeO
     ints = {n for n, p in plan.items() if p in COMPUTE_FORMS and method != "ort" and n not in io_names.FEATURE_GRAPHS}
     wants = {n for n in ints if options.outliers_for(plan[n])}
     rounds = ints if method == "gptq" else set()
+    unrounded = _too_large_to_run(bundle, manifest, rounds)
+    rounds -= set(unrounded)
     calibration = Calibration(lambda: calibration_feeds(bundle, manifest, texts), {}, {},
                               lambda: calibration_windows(bundle, manifest, texts), manifest)
     file = lambda n: bundle / manifest.graph(n).file  # noqa: E731
     found = {n: outliers.outlier_channels(outliers.channel_maxima(file(n), calibration.feeds[n])) for n in wants}
     calibration.outliers, calibration.gptq_graphs = found, {n: file(n) for n in rounds}
+    calibration.unrounded = unrounded
     return calibration
+
+
+def _too_large_to_run(bundle: Path, manifest, rounds: set[str]) -> dict[str, str]:
+    """Graphs GPTQ would round but whose fp32 pass ONNX Runtime could not hold here (an 8B model's
+    verify graph: ~21 GB), and those fed by them (FED_BY), each with the reason: they are rounded to
+    nearest instead, as a graph too large to validate is named and not run."""
+    from ..runtime.split_model import too_large
+
+    large = too_large(bundle, manifest) if rounds else {}
+    found = {}
+    for name in feeding_order(rounds):
+        source = FED_BY.get(name)
+        if name in large:
+            found[name] = f"GPTQ's fp32 pass over it would not fit here: {large[name]}"
+        elif source in found:
+            found[name] = f"GPTQ would feed it the {source} graph's fp32 pass, which would not fit here"
+    return found

@@ -108,7 +108,8 @@ def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str,
         src, dst = bundle / graph.file, tmp / graph.file
         feeds = lambda name=name: calibration.feeds.get(name)  # noqa: E731  (made only where fp8 asks)
         drafter = name in io_names.FEATURE_GRAPHS  # see _feature_method
-        carried[name] = _quantize_graph(src, dst, plan[name], _feature_method(method) if drafter else method,
+        rounding = "rtn" if name in calibration.unrounded else _feature_method(method) if drafter else method
+        carried[name] = _quantize_graph(src, dst, plan[name], rounding,
                                         feeds, indexes, options, found.get(name), calibration.grams(name),
                                         context, lm_head=name == io_names.HEAD)
         folded[name] = folded_count(dst) if plan[name] in COMPUTE_FORMS else 0
@@ -123,7 +124,9 @@ def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str,
                 f"inputs in float" if channels else "")
         two = (f"; {padded[name]} matmuls handed a padded second row (a one-row int4 call is another "
                f"kernel without VNNI)" if padded[name] else "")
-        echo(f"{name}: {plan[name]}{blocks}{_carried(carried[name], folded[name])}{kept}{two}")
+        nearest = (f"; rounded to nearest: {calibration.unrounded[name]} (with more memory, or from a GGUF "
+                   f"whose blocks carry, it need not be)" if name in calibration.unrounded else "")
+        echo(f"{name}: {plan[name]}{blocks}{_carried(carried[name], folded[name])}{kept}{two}{nearest}")
         residency.trim_heap()  # what a graph's rounding freed, before the next one's peak
         mark(f"quantizing the {name} graph")
     draft, head = plan[io_names.DRAFT], plan[io_names.HEAD]
