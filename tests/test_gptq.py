@@ -198,5 +198,5 @@ def test_a_graph_too_large_to_run_at_fp32_is_rounded_to_nearest_and_named(tiny_b
     quantize(tiny_bundle, tmp_path / "q.plan", QuantizeOptions("int4", report=False), echo=lines.append)
     graphs = {line.split(":")[0]: line for line in lines if line.startswith(("draft:", "verify:", "head:"))}
     assert asked == ["draft.onnx"] and "rounded to nearest" not in graphs["draft"]
-    assert f"rounded to nearest: GPTQ's fp32 pass over it would not fit here: {reason}" in graphs["verify"]
-    assert "rounded to nearest: GPTQ would feed it the verify graph's fp32 pass" in graphs["head"]
+    assert f"rounded to nearest, not by GPTQ: its fp32 pass would not fit here: {reason}" in graphs["verify"]
+    assert "rounded to nearest, not by GPTQ: it is fed the verify graph's fp32 pass" in graphs["head"]

@@ -193,7 +193,7 @@ def _too_large_to_run(bundle: Path, manifest, rounds: set[str]) -> dict[str, str
     for name in feeding_order(rounds):
         source = FED_BY.get(name)
         if name in large:
-            found[name] = f"GPTQ's fp32 pass over it would not fit here: {large[name]}"
+            found[name] = f"its fp32 pass would not fit here: {large[name]}"
         elif source in found:
-            found[name] = f"GPTQ would feed it the {source} graph's fp32 pass, which would not fit here"
+            found[name] = f"it is fed the {source} graph's fp32 pass, which would not fit here"
     return found

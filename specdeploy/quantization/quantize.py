@@ -124,8 +124,8 @@ def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str,
                 f"inputs in float" if channels else "")
         two = (f"; {padded[name]} matmuls handed a padded second row (a one-row int4 call is another "
                f"kernel without VNNI)" if padded[name] else "")
-        nearest = (f"; rounded to nearest: {calibration.unrounded[name]} (with more memory, or from a GGUF "
-                   f"whose blocks carry, it need not be)" if name in calibration.unrounded else "")
+        nearest = (f"; rounded to nearest, not by GPTQ: {calibration.unrounded[name]} (more memory, or the "
+                   f"model's GGUF with its blocks carried, avoids this)" if name in calibration.unrounded else "")
         echo(f"{name}: {plan[name]}{blocks}{_carried(carried[name], folded[name])}{kept}{two}{nearest}")
         residency.trim_heap()  # what a graph's rounding freed, before the next one's peak
         mark(f"quantizing the {name} graph")
