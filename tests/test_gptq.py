@@ -200,3 +200,15 @@ def test_a_graph_too_large_to_run_at_fp32_is_rounded_to_nearest_and_named(tiny_b
     assert asked == ["draft.onnx"] and "rounded to nearest" not in graphs["draft"]
     assert f"rounded to nearest, not by GPTQ: its fp32 pass would not fit here: {reason}" in graphs["verify"]
     assert "rounded to nearest, not by GPTQ: it is fed the verify graph's fp32 pass" in graphs["head"]
+
+
+def test_gptq_logs_its_calibration_tokens_when_outliers_made_the_feeds_first(tiny_bundle, tmp_path):
+    """int8 finds activation outlier channels, which make the whole feeding pass before GPTQ runs:
+    the log still says how many calibration tokens GPTQ's Gram matrices came from."""
+    from specdeploy.quantization.options import QuantizeOptions
+    from specdeploy.quantization.quantize import quantize
+
+    lines = []
+    quantize(tiny_bundle, tmp_path / "q.plan", QuantizeOptions("int8", method="gptq", report=False), echo=lines.append)
+    rows = [line for line in lines if line.startswith("gptq: Gram matrices over ")]
+    assert len(rows) == 1 and int(rows[0].split()[4].replace(",", "")) % 32 == 0

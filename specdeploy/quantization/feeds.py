@@ -123,7 +123,7 @@ class Calibration:
         self._make_windows, self._manifest = make_windows, manifest
         self._spilled: list = []
         self._hidden: dict[str, list[np.ndarray]] = {}  # the hidden states each spilled graph returned
-        self.rows = 0  # calibration tokens GPTQ's draft graph was fed (its H's rows)
+        self.rows = 0  # calibration tokens GPTQ's graphs were fed (the rows of their H), once it ran
 
     @functools.cached_property
     def feeds(self) -> dict:
@@ -141,6 +141,7 @@ class Calibration:
             if file is None:
                 return None
             self.close()
+            self.rows = sum(map(len, self.windows)) if self._make_windows else 0
             returns = (io_names.HIDDEN_OUT,) if name in FED_BY.values() else ()
             self._spilled.append(gptq.SpilledGrams(file, self._feeds_for(name), returns))
             if returns:
@@ -152,9 +153,12 @@ class Calibration:
         source = FED_BY.get(name, name)
         if "feeds" in self.__dict__ or self._make_windows is None or (source and source not in self._hidden):
             return self.feeds[name]
-        windows = self._make_windows() if source is None else []
-        self.rows = self.rows or sum(map(len, windows))
-        return fed_by(self._manifest, name, windows, self._hidden)
+        return fed_by(self._manifest, name, self.windows if source is None else [], self._hidden)
+
+    @functools.cached_property
+    def windows(self) -> list[list[int]]:
+        """The calibration text's token windows (calibration_windows), tokenized once."""
+        return self._make_windows()
 
     def close(self) -> None:
         """Remove the spilled activations."""
