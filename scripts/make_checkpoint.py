@@ -11,7 +11,7 @@ a time in chunks (bf16, as checkpoints ship), so an 8B file is made in a few hun
 tokenizer is byte-level (any text encodes, a token a byte), padded to the model's vocabulary size,
 with a chat template; --tokenizer-from takes a real model's instead (a GGUF file's, such as the
 example's, or a Hugging Face directory's), so that a text makes as many tokens as it would for a
-real model (the byte-level one makes about four times as many: GPTQ's calibration rows, prompts).
+real model (the byte-level one makes about five times as many: GPTQ's calibration rows, prompts).
 With --gguf the same shape is written as a llama.cpp file instead: layer weights Q4_0, the
 embedding and output Q8_0, norms and biases F32 (llama.cpp's Q4_0 layout), the byte-level
 vocabulary and chat template in its metadata, one tensor in memory at a time.
@@ -181,6 +181,8 @@ def main() -> None:
             print(f"{name:14s} {sum(int(np.prod(d)) for _, d in params) / 1e9:.2f}B parameters")
         return
     config, params = parameters(SHAPES[args.shape])
+    if args.tokenizer_from and not args.tokenizer_from.exists():
+        parser.error(f"--tokenizer-from {args.tokenizer_from}: no such file or directory")
     if args.gguf and args.tokenizer_from:
         parser.error("--tokenizer-from applies to safetensors checkpoints; the GGUF carries the byte-level vocabulary")
     if args.gguf:
