@@ -12,7 +12,7 @@ import click
 
 from .constants import (BACKENDS, DEFAULT_BACKEND, DEFAULT_BUNDLE, DEFAULT_DRAFT_SOURCE, DEFAULT_LOOKUP_NGRAM,
                         DEFAULT_MAX_CONTEXT, DEFAULT_NUM_DRAFT_TOKENS, DEFAULT_OPSET, DEFAULT_PREFILL_CHUNK,
-                        DEFAULT_QUANT_METHOD, OPSETS,
+                        DEFAULT_QUANT_METHOD, INT4_KERNELS, OPSETS,
                         PRECISIONS, PROVIDERS, QUANTIZED_PRECISIONS, QUANT_METHODS, SOURCES)
 from .errors import SpecDeployError
 
@@ -127,6 +127,11 @@ def _precision_options(choices=PRECISION, default=None, required=False, default_
                               "32's [min, max] with a float offset), mse (per-block squared-error scales), rtn "
                               "(round to nearest: fast, lossy), or ort (ONNX Runtime's own quantizer for every "
                               "weight, GGUF or not; no exact TensorRT form at int8).")(f)
+        f = click.option("--int4-kernel", type=click.Choice(INT4_KERNELS), default="matmulnbits", show_default=True,
+                         help="What computes int4 weights: ONNX Runtime's MatMulNBits, or q4_0: specdeploy's "
+                              "operator reading Q4_0 blocks of 32 in place from the weights file (4.5 bits a "
+                              "weight, no packed copy: faster and smaller where decoding streams the weights; "
+                              "a Q4_0 GGUF's own blocks, or symmetric rounding; built here by build-kernels).")(f)
         return click.option("--precision", type=choices, default=default, required=required,
                             help="int4/int8: integer compute (MatMulNBits); fp16/fp8: weight-only." + default_help)(f)
     return decorate
@@ -163,7 +168,8 @@ def _ngram_option(default=DEFAULT_LOOKUP_NGRAM, purpose="recorded as the default
 @click.option("--feature-head", type=click.Path(path_type=Path), default=None,
               help="An EAGLE-3 head (train-head's output, or a published one) to add, with the features it reads (fp32 bundles for now).")
 def export(model, exit_layer, num_draft_tokens, max_context, output, draft_source, lookup_ngram, calibrate, precision,
-           draft_precision, verify_precision, method, prompts_file, no_validate, backend, opset, feature_head):
+           draft_precision, verify_precision, method, int4_kernel, prompts_file, no_validate, backend, opset,
+           feature_head):
     """Split MODEL (Hugging Face directory or .gguf) into a bundle of draft/verify graphs."""
     from .export import ExportConfig, export as run_export
 
@@ -173,7 +179,7 @@ def export(model, exit_layer, num_draft_tokens, max_context, output, draft_sourc
         max_context=max_context, output=output, draft_source=draft_source, lookup_ngram=lookup_ngram,
         calibrate=calibrate, precision=precision, validate=not no_validate, prompts_file=prompts_file,
         draft_precision=draft_precision, verify_precision=verify_precision, method=method, backend=backend,
-        opset=int(opset), feature_head=feature_head,
+        opset=int(opset), feature_head=feature_head, int4_kernel=int4_kernel,
     )
     click.echo(f"bundle written to {run_export(config, echo=click.echo)}")
 
@@ -188,7 +194,7 @@ def export(model, exit_layer, num_draft_tokens, max_context, output, draft_sourc
 @_ngram_option()
 @_precision_options(default_help=SOURCE_PRECISION)
 def calibrate(model, exit_layer, num_draft_tokens, max_context, output, prompts_file, lookup_ngram, precision,
-              draft_precision, verify_precision, method):
+              draft_precision, verify_precision, method, int4_kernel):
     """Calibrate early exit (adapter, draft vocabulary, autotune) and export a bundle.
 
     MODEL is a Hugging Face directory, a .gguf file, or an existing bundle (re-calibrated from the
@@ -200,7 +206,7 @@ def calibrate(model, exit_layer, num_draft_tokens, max_context, output, prompts_
         num_draft_tokens=_int_or_auto(num_draft_tokens, "--num-draft-tokens"),
         max_context=max_context, output=output, calibrate=True, precision=precision, lookup_ngram=lookup_ngram,
         prompts_file=prompts_file, draft_precision=draft_precision, verify_precision=verify_precision,
-        method=method,
+        method=method, int4_kernel=int4_kernel,
     )
     click.echo(f"calibrated bundle written to {run_export(config, echo=click.echo)}")
 
@@ -290,7 +296,7 @@ def generate(bundle, prompt, max_tokens, temperature, greedy, top_k, top_p, seed
 @click.option("--attention", type=click.Choice(["fused", "ops"]), default="fused", show_default=True,
               help="int4/int8: fused: each layer's attention as one ONNX Runtime GroupQueryAttention kernel "
                    "(CPU provider; where its rows are independent here); ops: op by op (for --provider cuda).")
-def quantize(bundle, precision, draft_precision, verify_precision, method, prompts_file, output, tensorrt,
+def quantize(bundle, precision, draft_precision, verify_precision, method, int4_kernel, prompts_file, output, tensorrt,
              int4_block, two_rows, int4_head_bits, no_fuse, float_outliers, exact_offsets, attention):
     """Write a quantized copy of the fp32 BUNDLE and print its quality report."""
     from .quantization.compute import ComputeOptions
@@ -300,7 +306,8 @@ def quantize(bundle, precision, draft_precision, verify_precision, method, promp
     compute = ComputeOptions(int4_block=None if int4_block == "auto" else int(int4_block), fuse=not no_fuse,
                              float_outliers=float_outliers, exact_offsets=exact_offsets,
                              fused_attention=attention == "fused", head_bits=int(int4_head_bits),
-                             two_rows={"auto": None, "always": True, "never": False}[two_rows])
+                             two_rows={"auto": None, "always": True, "never": False}[two_rows],
+                             int4_kernel=int4_kernel)
     options = QuantizeOptions(precision, draft_precision, verify_precision, method, tensorrt, prompts_file,
                               compute=compute)
     path = run_quantize(bundle, output, options, click.echo)
@@ -315,6 +322,19 @@ def inspect(bundle, verify):
     from .bundle.describe import describe
 
     click.echo(describe(bundle, verify))
+
+
+@main.command("build-kernels")
+@click.option("--include", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="A folder holding ONNX Runtime's onnxruntime_c_api.h (else $ORT_INCLUDE_DIR, the system's, "
+                   "or the fetched copy).")
+@click.option("--fetch-headers", is_flag=True,
+              help="Download ONNX Runtime's C API headers (Debian's libonnxruntime-dev, checked by SHA-256) first.")
+def build_kernels_command(include, fetch_headers):
+    """Build specdeploy's own ONNX Runtime operators for this machine (the q4_0 int4 kernel)."""
+    from .kernels import build_here
+
+    click.echo(build_here(include, fetch_headers))
 
 
 @main.command("build-engines")

@@ -24,6 +24,10 @@ PRECISIONS = ("fp32", "fp16", "int8", "int4", "fp8")
 QUANTIZED_PRECISIONS = ("fp16", "int8", "int4", "fp8")
 COMPUTE_PRECISIONS = ("int8", "int4")   # MatMulNBits: integer kernels; the others are weight-only
 QUANT_METHODS = ("rtn", "mse", "minmax", "gptq", "ort")   # how int4/int8 blocks are rounded (quantization.compute)
+# what computes int4 weights: ONNX Runtime's MatMulNBits (packed at load, 6 bits a weight in
+# memory), or specdeploy's Q4_0MatMul (GGUF's Q4_0 bytes read in place from the weights file, 4.5
+# bits a weight; a library built on this machine: kernels/), for symmetric blocks of 32
+INT4_KERNELS = ("matmulnbits", "q4_0")
 # the lowest output error of those (docs/precision.md); rtn is the fast, lossy option
 DEFAULT_QUANT_METHOD = "gptq"
 

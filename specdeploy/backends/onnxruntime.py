@@ -51,7 +51,7 @@ def shrink_run() -> ort.RunOptions:
 
 
 def session_options(threads: int | None = None, log_severity: int = 3,
-                    fold_dequantize: bool = False) -> ort.SessionOptions:
+                    fold_dequantize: bool = False, operators: tuple[str, ...] = ()) -> ort.SessionOptions:
     """Small-batch decode: one pool per session sized to the CPUs the process may use (`usable_cpus`),
     spinning only inside a run.
 
@@ -62,7 +62,8 @@ def session_options(threads: int | None = None, log_severity: int = 3,
     `fold_dequantize` (weight-only fp8 graphs): dequantize the weights once at load instead of
     letting ONNX Runtime fuse them into kernels that quantize activations per call, whose results
     depend on how many rows a call carries and so break greedy identity with plain decoding.
-    Every session uses the one CPU arena of `register_shared_arena`.
+    Every session uses the one CPU arena of `register_shared_arena`. `operators`: specdeploy's own
+    operators the graph uses (the manifest's `operators`), registered from the library built here.
     """
     so = ort.SessionOptions()
     so.enable_cpu_mem_arena = True
@@ -78,7 +79,20 @@ def session_options(threads: int | None = None, log_severity: int = 3,
     so.log_severity_level = log_severity
     if fold_dequantize:
         so.add_session_config_entry("session.disable_quant_qdq", "1")
+    if operators:
+        so.register_custom_ops_library(str(operator_library(operators)))
     return so
+
+
+def operator_library(operators: tuple[str, ...]) -> Path:
+    """The library holding `operators` (kernels/), built here on first use."""
+    from .. import kernels
+
+    unknown = [name for name in operators if name != kernels.Q4_0]
+    if unknown:
+        raise BackendError(f"this bundle needs operator(s) {', '.join(unknown)}, which this specdeploy does not "
+                           f"have; upgrade specdeploy or re-export the bundle")
+    return kernels.library("this bundle")
 
 
 def providers_for(provider: str) -> list[str]:
@@ -143,6 +157,28 @@ def allocate_kv(manifest: Manifest, layers: range, device: str = "cpu") -> dict:
     }
 
 
+def read_in_place(bundle: Path, manifest: Manifest) -> list[tuple[int, int]]:
+    """[start, end) byte ranges of the weights file that kernels read where ONNX Runtime mapped them
+    (Q4_0MatMul's weights, every run): pages `page_out` must leave resident."""
+    if not manifest.operators:
+        return []
+    import onnx
+
+    from ..quantization import q4_0
+
+    ranges = []
+    for graph in manifest.graphs.values():
+        model = onnx.load(str(Path(bundle) / graph.file), load_external_data=False)
+        read = {name for n in model.graph.node if n.op_type == q4_0.OP for name in n.input[1:]}
+        for tensor in model.graph.initializer:
+            if tensor.name in read:
+                place = {e.key: e.value for e in tensor.external_data}
+                if "offset" in place:
+                    start = int(place["offset"])
+                    ranges.append((start, start + int(place["length"])))
+    return ranges
+
+
 def provider_options(provider: str, bundle: Path) -> list:
     """The TensorRT execution provider caches its engines and timing data beside the graphs."""
     if provider != "tensorrt":
@@ -182,12 +218,13 @@ def load_stages(bundle: Path, manifest: Manifest, provider: str | None = None, t
     options = provider_options(provider, bundle) or None
     device = "cpu" if provider == "cpu" else "cuda"
     before = anonymous_regions() if device == "cpu" else None
+    in_place = read_in_place(bundle, manifest)
     stages = {}
     for name, graph in manifest.graphs.items():
         path = Path(bundle) / graph.file
         try:
             session = ort.InferenceSession(
-                str(path), session_options(threads, log_severity, graph.precision == "fp8"),
+                str(path), session_options(threads, log_severity, graph.precision == "fp8", manifest.operators),
                 providers=providers,
                 provider_options=options,
             )
@@ -199,7 +236,7 @@ def load_stages(bundle: Path, manifest: Manifest, provider: str | None = None, t
         # before the next session's load peaks on top of what this one freed or packed: the heap's
         # free pages, and the weights file's pages this session read (its kernels hold packed copies)
         trim_heap()
-        page_out(bundle)
+        page_out(bundle, keep=in_place)
         stages[name] = OrtStage(name, session, graph, allocate_kv(manifest, graph.layers, device))
     collapse_new(before)  # what the sessions packed, on 2 MB pages (residency.py)
     return stages

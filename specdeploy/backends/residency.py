@@ -41,8 +41,9 @@ MADV_PAGEOUT = 21  # linux/mman-common.h, Linux >= 5.4
 MADV_RANDOM = 1
 
 
-def mapped_ranges(root: Path, maps: str = "/proc/self/maps") -> list[tuple[int, int]]:
-    """[start, end) of every mapping in this process of a file under `root`."""
+def mapped_ranges(root: Path, maps: str = "/proc/self/maps", keep=()) -> list[tuple[int, int]]:
+    """[start, end) of every mapping in this process of a file under `root`, but those that map any
+    of the file bytes `keep` ([start, end) offsets in the file)."""
     prefix = str(Path(root).resolve()).rstrip("/") + "/"  # not a sibling that shares the prefix
     ranges = []
     with open(maps) as lines:
@@ -50,7 +51,9 @@ def mapped_ranges(root: Path, maps: str = "/proc/self/maps") -> list[tuple[int, 
             fields = line.split(maxsplit=5)
             if len(fields) == 6 and fields[5].rstrip("\n").startswith(prefix):
                 start, end = (int(x, 16) for x in fields[0].split("-"))
-                ranges.append((start, end))
+                offset = int(fields[2], 16)
+                if not any(a < offset + end - start and offset < b for a, b in keep):
+                    ranges.append((start, end))
     return ranges
 
 
@@ -61,16 +64,17 @@ def _libc() -> ctypes.CDLL:
     return libc
 
 
-def page_out(root: Path) -> int:
+def page_out(root: Path, keep=()) -> int:
     """Advises the kernel to reclaim the pages of files under `root`, and to read a page that is
     faulted back in alone (MADV_RANDOM): what comes back is an embedding row here and there, and
     the default read-ahead brought ~100 KB of the file in with each one (a 1.5B bundle decoding:
     141 MB of the file mapped again, 110 MB with this; the rest is the kernel mapping a fault's
-    neighbours already in the page cache). Returns the bytes advised."""
+    neighbours already in the page cache). `keep`: file byte ranges a kernel reads in place every
+    run (Q4_0MatMul's weights), whose mappings are left as they are. Returns the bytes advised."""
     if not sys.platform.startswith("linux"):
         return 0
     libc, advised = _libc(), 0
-    for start, end in mapped_ranges(root):
+    for start, end in mapped_ranges(root, keep=keep):
         if libc.madvise(start, end - start, MADV_PAGEOUT) != 0:
             return advised  # EINVAL: a kernel without MADV_PAGEOUT; the pages simply stay
         libc.madvise(start, end - start, MADV_RANDOM)

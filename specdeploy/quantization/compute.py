@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..constants import QUANT_METHODS as METHODS
+from ..constants import INT4_KERNELS, QUANT_METHODS as METHODS
 from ..errors import ConfigError
 from ..optimize import attention, fusion, gqa_probe
 from ..optimize.graph import MS_DOMAIN, array, attrs as node_attrs, lazy_weights, materialize, set_nodes, use_ms_domain
@@ -80,7 +80,8 @@ class ComputeOptions:
     applies) or stays op by op (what ONNX Runtime's CUDA provider needs), and the bits of an int4
     bundle's LM head where it is re-quantized (8: as llama.cpp's 4-bit files keep it, Q6_K / Q8_0;
     a 4-bit head cost ~10 points of top-1 on the example and on Gemma 3, and the speed an 8-bit
-    head costs is the head's share of a step: lab/notes/benchmarks-history.md)."""
+    head costs is the head's share of a step: lab/notes/benchmarks-history.md), and which kernel
+    computes int4 weights (INT4_KERNELS)."""
 
     int4_block: int | None = None
     fuse: bool = True
@@ -89,6 +90,7 @@ class ComputeOptions:
     fused_attention: bool = True
     head_bits: int = 8
     two_rows: bool | None = None
+    int4_kernel: str = "matmulnbits"
 
     def outliers_for(self, precision: str) -> bool:
         return self.float_outliers if self.float_outliers is not None else precision == "int8"
@@ -97,10 +99,16 @@ class ComputeOptions:
         if self.int4_block not in (None, *INT4_BLOCKS):
             raise ConfigError(f"int4 block size {self.int4_block} is not offered; pick one of "
                               f"{', '.join(map(str, INT4_BLOCKS))} (or leave it to the row check)")
+        if self.int4_kernel not in INT4_KERNELS:
+            raise ConfigError(f"int4 kernel '{self.int4_kernel}' is unknown; pick one of {', '.join(INT4_KERNELS)}")
+        if self.int4_kernel == "q4_0" and self.int4_block not in (None, 32):
+            raise ConfigError(f"the q4_0 kernel reads blocks of 32, not {self.int4_block}; drop --int4-block")
         if self.head_bits not in (4, 8):
             raise ConfigError(f"an int4 bundle's LM head is 4 or 8 bits, not {self.head_bits}")
 
     def blocks(self) -> tuple:
+        if self.int4_kernel == "q4_0":
+            return (32,)
         return (self.int4_block,) if self.int4_block else INT4_BLOCKS
 
 
@@ -162,7 +170,7 @@ def quantize_graph(src: Path, dst: Path, precision: str, method: str = "rtn", in
             chosen = FORMS["int8"]  # a GGUF's own head blocks still carry as they are
         if method != "ort":
             carried = _own_blocks(model, chosen, "absmax" if method == "rtn" else method, index, outliers, grams,
-                                  fold=not options.exact_offsets)
+                                  fold=not options.exact_offsets, q4_0=options.int4_kernel == "q4_0")
         materialize(model)
     if method == "ort":
         quantizer = mnb.MatMulNBitsQuantizer(model, algo_config=_algo_config(chosen, method),
@@ -174,47 +182,59 @@ def quantize_graph(src: Path, dst: Path, precision: str, method: str = "rtn", in
     return carried
 
 
-def _blocks(w, form: ComputeForm, method: str, index, gram=lambda: None):
+def _blocks(w, form: ComputeForm, method: str, index, gram=lambda: None, q4_0: bool = False):
     """(blocks, carried): the source file's own blocks where they map exactly, else quantized
     (by GPTQ over the input's Gram matrix `gram()` where the method asks for it: asked for only
-    here, so a graph whose weights all carry never runs the calibration text)."""
+    here, so a graph whose weights all carry never runs the calibration text). `q4_0`: int4 goes to
+    Q4_0MatMul, so GPTQ rounds on the symmetric grid and scales are float16 (q4_0.half_scales)."""
     from . import gptq, nbits
+    from .q4_0 import half_scales
 
     carried = index.blocks(w, form.block_size) if index is not None else None
     if carried is not None:
         return carried, True
+    symmetric = q4_0 and form.bits == 4
     if method == "gptq":  # 4 bits on minmax's grid, where GPTQ gains both measures; 8 on rtn's
         gram = gram()
-        grid = "minmax" if form.bits == 4 and not w.shape[0] % nbits.OFFSET_BLOCK else "absmax"
-        return (gptq.quantize(w, gram, form.bits, form.block_size, grid) if gram is not None
-                else nbits.quantize(w, form.bits, form.block_size, grid)), False
-    if method == "minmax" and w.shape[0] % nbits.OFFSET_BLOCK:
-        method = "absmax"  # offsets come per 32 of K
-    return nbits.quantize(w, form.bits, form.block_size, method), False
+        four = form.bits == 4 and not w.shape[0] % nbits.OFFSET_BLOCK and not symmetric
+        grid = "minmax" if four else "absmax"
+        blocks = (gptq.quantize(w, gram, form.bits, form.block_size, grid) if gram is not None
+                  else nbits.quantize(w, form.bits, form.block_size, grid))
+        return (half_scales(blocks) if symmetric else blocks), False
+    if method == "minmax" and (w.shape[0] % nbits.OFFSET_BLOCK or symmetric):
+        method = "absmax"  # offsets come per 32 of K; Q4_0MatMul has none
+    blocks = nbits.quantize(w, form.bits, form.block_size, method)
+    return (half_scales(blocks) if symmetric else blocks), False
 
 
 def _own_blocks(model, form: ComputeForm, method: str, index=None, outliers: dict | None = None,
-                grams=None, fold: bool = True) -> int:
+                grams=None, fold: bool = True, q4_0: bool = False) -> int:
     """Every MatMul with an initializer weight [K, N] as MatMulNBits; returns how many were carried.
 
     `outliers`: activation -> channels computed in float beside the MatMulNBits (outliers.py);
     `grams`: activation -> Xᵀ X over the calibration text, for GPTQ (gptq.py), or a function
     returning them (called only for a weight that does not carry); `fold`: float
-    offsets folded into the MatMulNBits (folding.py) rather than an exact term beside it."""
+    offsets folded into the MatMulNBits (folding.py) rather than an exact term beside it; `q4_0`:
+    blocks that Q4_0MatMul computes exactly (q4_0.takes) go to it."""
     inits = {t.name: t for t in model.graph.initializer}
-    nodes, carried, shared = [], 0, {"sums": {}, "outliers": {}, "joined": {}, "fold": fold}
+    nodes, carried, shared = [], 0, {"sums": {}, "outliers": {}, "joined": {}, "fold": fold, "q4_0": q4_0}
     for node in model.graph.node:
         weight = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
         if weight is None or len(weight.dims) != 2 or weight.dims[0] % form.block_size:
             nodes.append(node)
             continue
         gram = lambda name=node.input[0]: (grams() if callable(grams) else grams or {}).get(name)  # noqa: E731
-        blocks, exact = _blocks(array(weight), form, method, index, gram)
+        blocks, exact = _blocks(array(weight), form, method, index, gram, q4_0)
         carried += exact
         channels = (outliers or {}).get(node.input[0])
         nodes += _compute_nodes(model, node, weight.name, blocks, channels, shared)
     set_nodes(model, nodes)
     use_ms_domain(model)
+    if q4_0:
+        from . import q4_0 as q4_0_form
+
+        if q4_0_form.uses(model):
+            q4_0_form.use_domain(model)
     return carried
 
 
@@ -224,8 +244,12 @@ def _compute_nodes(model, node, weight: str, blocks, channels, shared: dict) -> 
     values', which the folded zero points would change)."""
     from . import folding, nbits, outliers
 
+    from . import q4_0
+
     x, out = node.input[0], node.output[0]
     with_offsets = blocks.offsets is not None
+    if channels is None and shared["q4_0"] and q4_0.takes(blocks):
+        return [q4_0.matmul_node(model, node, weight, blocks)]
     if channels is None and not with_offsets:
         return [nbits.matmul_node(model, node, weight, blocks, ACCURACY_LEVEL)]
     if channels is None and shared["fold"]:

@@ -208,9 +208,19 @@ def quantize_bundle(bundle: Path, options: QuantizeOptions, texts: list[str] | N
         graphs = _tensorrt_forms(bundle, graphs, echo)
     extra = _extra(manifest.extra, counts, bundle, graphs, plan, compute)
     seal(bundle, manifest.replace(graphs=graphs, precision=options.label(plan), extra=extra,
-                                  kv_spare_rows=int(unfused is None)), echo)
+                                  kv_spare_rows=int(unfused is None), operators=_operators(bundle, graphs)), echo)
     mark("checking row independence")
     return bundle
+
+
+def _operators(bundle: Path, graphs: dict) -> tuple[str, ...]:
+    """specdeploy's own operators the quantized graphs use, for the runtime to register."""
+    import onnx
+
+    from . import q4_0
+
+    uses = any(q4_0.uses(onnx.load(str(bundle / g.file), load_external_data=False)) for g in graphs.values())
+    return (q4_0.NAME,) if uses else ()
 
 
 def _extra(extra: dict, counts: dict[str, dict[str, int]], bundle: Path, graphs: dict, plan: dict,

@@ -1,0 +1,359 @@
+/* Q4_0MatMul (domain ai.specdeploy): y [.., N] = x [.., K] @ W for int4 weights stored as GGUF's
+ * Q4_0 blocks (32 weights: a float16 scale and 16 bytes of q + 8; 4.5 bits a weight), laid out four
+ * output columns at a time so that one 64-byte read holds a block of four columns:
+ *   qs uint8   [N/4, K/32, 64]  column 4g+c's 16 bytes of block b at [g, b, 16c .. 16c+15];
+ *                               byte j holds weight j (low nibble) and weight j+16 (high nibble)
+ *   d  float16 [N/4, K/32, 4]   the four columns' scales
+ * ONNX Runtime hands these initializers over as they lie in the mapped weights file: no packed
+ * copy, and 4.5 bits a weight read per token against MatMulNBits' 6.
+ *
+ * Each row of x is quantized to int8 in blocks of 32 (one float scale a block) and dotted with the
+ * unsigned nibbles; the zero point comes off as 8 x the block's int8 sum. Every row runs the same
+ * instructions in the same order whatever the rows beside it, so a verify row is bitwise the
+ * one-row step (the bundle's row check asserts it). Forms: AVX-512 VNNI, AVX2, plain C; the build
+ * takes this machine's (-march=native), so rows agree within one machine, as every kernel's do.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <onnxruntime_c_api.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#define QK 32
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define WIDE 1  /* AVX-512 VNNI: group_rows */
+#else
+#define WIDE 0  /* AVX2 or plain C: group_row, a row at a time */
+#endif
+#define GROUPS_PER_TASK 8  /* 32 columns a task of ONNX Runtime's pool */
+
+static const OrtApi *ort;
+
+#if !WIDE
+static float half_to_float(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0) {
+        if (man == 0) { bits = sign; } else {
+            exp = 127 - 15 + 1;
+            while (!(man & 0x400)) { man <<= 1; exp--; }
+            bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
+        }
+    } else if (exp == 31) { bits = sign | 0x7f800000 | (man << 13); }
+    else { bits = sign | ((exp + 127 - 15) << 23) | (man << 13); }
+    float f; memcpy(&f, &bits, 4); return f;
+#endif
+}
+
+#endif
+
+/* x [K] -> xq [K] int8, xd [K/32] scales, xs [K/32] 8 x each block's int8 sum */
+static void quantize_row(const float *x, int64_t k, int8_t *xq, float *xd, int32_t *xs) {
+    for (int64_t b = 0; b < k / QK; b++) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(x[b * QK + j]));
+        float d = amax / 127.0f, inv = d != 0.0f ? 1.0f / d : 0.0f;
+        int32_t sum = 0;
+        for (int j = 0; j < QK; j++) {
+            int v = (int)lrintf(x[b * QK + j] * inv);
+            xq[b * QK + j] = (int8_t)v;
+            sum += v;
+        }
+        xd[b] = d;
+        xs[b] = 8 * sum;
+    }
+}
+
+typedef struct {
+    int64_t m, k, n;
+    const uint8_t *qs;
+    const uint16_t *d;
+    const int8_t *xq;
+    const float *xd;
+    const int32_t *xs;
+    float *y;
+} Work;
+
+#if !WIDE
+/* y[r, 4g .. 4g+3] for one group of four columns and one row (the AVX2 and plain C forms). */
+static void group_row(const Work *w, int64_t g, int64_t r) {
+    const int64_t nb = w->k / QK;
+    const uint8_t *wq = w->qs + (size_t)g * nb * 64;
+    const uint16_t *wd = w->d + (size_t)g * nb * 4;
+    const int8_t *a = w->xq + (size_t)r * w->k;
+    const float *xd = w->xd + (size_t)r * nb;
+    const int32_t *xs = w->xs + (size_t)r * nb;
+    float *out = w->y + (size_t)r * w->n + 4 * g;
+#if defined(__AVX2__) && defined(__FMA__)
+    const __m128i low = _mm_set1_epi8(0x0f);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i act = _mm256_loadu_si256((const __m256i *)(a + b * QK));
+        __m256i start = _mm256_set_epi32(0, 0, 0, 0, 0, 0, 0, -xs[b]);
+        for (int c = 0; c < 4; c++) {
+            __m128i raw = _mm_loadu_si128((const __m128i *)(wq + (size_t)b * 64 + 16 * c));
+            __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low), _mm_and_si128(raw, low));
+            __m256i dot = _mm256_add_epi32(start, _mm256_madd_epi16(_mm256_maddubs_epi16(q, act),
+                                                                     _mm256_set1_epi16(1)));
+            float scale = half_to_float(wd[b * 4 + c]) * xd[b];
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(scale), _mm256_cvtepi32_ps(dot), acc[c]);
+        }
+    }
+    for (int c = 0; c < 4; c++) {
+        __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[c]), _mm256_extractf128_ps(acc[c], 1));
+        s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        out[c] = _mm_cvtss_f32(s);
+    }
+#else
+    for (int c = 0; c < 4; c++) {
+        float total = 0.0f;
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *q = wq + (size_t)b * 64 + 16 * c;
+            int32_t dot = -xs[b];
+            for (int j = 0; j < 16; j++) dot += (q[j] & 0x0f) * a[b * QK + j] + (q[j] >> 4) * a[b * QK + j + 16];
+            total += half_to_float(wd[b * 4 + c]) * xd[b] * (float)dot;
+        }
+        out[c] = total;
+    }
+#endif
+}
+
+#endif
+
+/* y[r, 4g .. 4g+3] for one group of four columns and rows r0 .. r0+count-1 (count <= TILE): each
+ * block's weights are loaded and unpacked once for the tile, and each row's sums run the same
+ * instructions in the same order as alone, so a row's result does not depend on the tile. */
+#define TILE 4
+#if WIDE
+/* Inlined for each constant count, so that the tile's sums stay in registers. */
+static inline __attribute__((always_inline)) void tile_rows(const Work *w, int64_t g, int64_t r0, const int count) {
+    const int64_t nb = w->k / QK;
+    const uint8_t *wq = w->qs + (size_t)g * nb * 64;
+    const uint16_t *wd = w->d + (size_t)g * nb * 4;
+    const __m512i low = _mm512_set1_epi8(0x0f);
+    const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    __m512 acc0[TILE], acc1[TILE];
+    for (int t = 0; t < count; t++) acc0[t] = acc1[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m512i q = _mm512_loadu_si512((const void *)(wq + (size_t)b * 64));
+        __m512i lo = _mm512_and_si512(q, low), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), low);
+        __m512 s16w = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(
+            _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(wd + (size_t)b * 4)))));  /* column c's scale in lanes 4c.. */
+        for (int t = 0; t < count; t++) {
+            const int64_t r = r0 + t;
+            const int8_t *a = w->xq + (size_t)r * w->k + b * QK;
+            __m512i alo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)a));
+            __m512i ahi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(a + 16)));
+            __m512i dot = _mm512_maskz_set1_epi32(0x1111, -w->xs[r * nb + b]);  /* once per column */
+            dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(dot, lo, alo), hi, ahi);
+            __m512 s16 = _mm512_mul_ps(s16w, _mm512_set1_ps(w->xd[r * nb + b]));
+            if (b & 1) acc1[t] = _mm512_fmadd_ps(s16, _mm512_cvtepi32_ps(dot), acc1[t]);
+            else acc0[t] = _mm512_fmadd_ps(s16, _mm512_cvtepi32_ps(dot), acc0[t]);
+        }
+    }
+    for (int t = 0; t < count; t++) {
+        __m512 acc = _mm512_add_ps(acc0[t], acc1[t]);
+        __m128 part[4] = {_mm512_extractf32x4_ps(acc, 0), _mm512_extractf32x4_ps(acc, 1),
+                          _mm512_extractf32x4_ps(acc, 2), _mm512_extractf32x4_ps(acc, 3)};
+        float *out = w->y + (size_t)(r0 + t) * w->n + 4 * g;
+        for (int c = 0; c < 4; c++) {  /* lanes 4c .. 4c+3 are column 4g+c */
+            __m128 s = _mm_add_ps(part[c], _mm_movehl_ps(part[c], part[c]));
+            s = _mm_add_ss(s, _mm_movehdup_ps(s));
+            out[c] = _mm_cvtss_f32(s);
+        }
+    }
+}
+#endif
+
+static void group_rows(const Work *w, int64_t g, int64_t r0, int count) {
+#if WIDE
+    switch (count) {
+        case 1: tile_rows(w, g, r0, 1); break;
+        case 2: tile_rows(w, g, r0, 2); break;
+        case 3: tile_rows(w, g, r0, 3); break;
+        default: tile_rows(w, g, r0, 4); break;
+    }
+#else
+    for (int t = 0; t < count; t++) group_row(w, g, r0 + t);
+#endif
+}
+
+static void run_task(void *data, size_t task) {
+    const Work *w = (const Work *)data;
+    int64_t groups = w->n / 4, first = (int64_t)task * GROUPS_PER_TASK;
+    int64_t last = first + GROUPS_PER_TASK < groups ? first + GROUPS_PER_TASK : groups;
+    for (int64_t g = first; g < last; g++)
+        for (int64_t r = 0; r < w->m; r += TILE) group_rows(w, g, r, w->m - r < TILE ? (int)(w->m - r) : TILE);
+}
+
+/* ---- the ONNX Runtime custom operator ---- */
+
+typedef struct { int64_t k, n; } Kernel;
+
+#define CHECK(call) do { OrtStatus *status_ = (call); if (status_) return status_; } while (0)
+
+static OrtStatus *fail(const char *message) { return ort->CreateStatus(ORT_INVALID_ARGUMENT, message); }
+
+static OrtStatus *create_kernel(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info, void **out) {
+    (void)op; (void)api;
+    Kernel *kernel = calloc(1, sizeof(Kernel));
+    if (!kernel) return ort->CreateStatus(ORT_FAIL, "Q4_0MatMul: out of memory");
+    OrtStatus *status = ort->KernelInfoGetAttribute_int64(info, "K", &kernel->k);
+    if (!status) status = ort->KernelInfoGetAttribute_int64(info, "N", &kernel->n);
+    if (!status && (kernel->k <= 0 || kernel->k % QK || kernel->n <= 0 || kernel->n % 4))
+        status = fail("Q4_0MatMul: K must be a positive multiple of 32 and N of 4");
+    if (status) { free(kernel); return status; }
+    *out = kernel;
+    return NULL;
+}
+
+/* x's shape, its rows (every axis but the last) and its last axis. */
+static OrtStatus *input_shape(const OrtValue *x, int64_t *dims, size_t *rank, int64_t *rows) {
+    OrtTensorTypeAndShapeInfo *info;
+    CHECK(ort->GetTensorTypeAndShape(x, &info));
+    OrtStatus *status = ort->GetDimensionsCount(info, rank);
+    if (!status && (*rank < 1 || *rank > 8)) status = fail("Q4_0MatMul: x must have 1 to 8 axes");
+    if (!status) status = ort->GetDimensions(info, dims, *rank);
+    ort->ReleaseTensorTypeAndShapeInfo(info);
+    if (status) return status;
+    *rows = 1;
+    for (size_t i = 0; i + 1 < *rank; i++) *rows *= dims[i];
+    return NULL;
+}
+
+static OrtStatus *compute(void *state, OrtKernelContext *context) {
+    const Kernel *kernel = (const Kernel *)state;
+    const OrtValue *x, *qs, *d;
+    CHECK(ort->KernelContext_GetInput(context, 0, &x));
+    CHECK(ort->KernelContext_GetInput(context, 1, &qs));
+    CHECK(ort->KernelContext_GetInput(context, 2, &d));
+    int64_t dims[8], rows;
+    size_t rank;
+    CHECK(input_shape(x, dims, &rank, &rows));
+    if (dims[rank - 1] != kernel->k) return fail("Q4_0MatMul: x's last axis is not the weight's K");
+    dims[rank - 1] = kernel->n;
+    OrtValue *y;
+    CHECK(ort->KernelContext_GetOutput(context, 0, dims, rank, &y));
+    Work w = {.m = rows, .k = kernel->k, .n = kernel->n};
+    void *p;
+    CHECK(ort->GetTensorMutableData((OrtValue *)x, &p));
+    const float *xf = p;
+    CHECK(ort->GetTensorMutableData((OrtValue *)qs, &p));
+    w.qs = p;
+    CHECK(ort->GetTensorMutableData((OrtValue *)d, &p));
+    w.d = p;
+    CHECK(ort->GetTensorMutableData(y, &p));
+    w.y = p;
+    if (rows == 0) return NULL;
+    int64_t nb = kernel->k / QK;
+    int8_t *xq = malloc((size_t)rows * kernel->k);
+    float *xd = malloc(sizeof(float) * rows * nb);
+    int32_t *xs = malloc(sizeof(int32_t) * rows * nb);
+    OrtStatus *status = NULL;
+    if (!xq || !xd || !xs) status = ort->CreateStatus(ORT_FAIL, "Q4_0MatMul: out of memory");
+    if (!status) {
+        for (int64_t r = 0; r < rows; r++)
+            quantize_row(xf + (size_t)r * kernel->k, kernel->k, xq + (size_t)r * kernel->k, xd + r * nb, xs + r * nb);
+        w.xq = xq; w.xd = xd; w.xs = xs;
+        size_t tasks = (size_t)((kernel->n / 4 + GROUPS_PER_TASK - 1) / GROUPS_PER_TASK);
+        status = ort->KernelContext_ParallelFor(context, run_task, tasks, 0, &w);
+    }
+    free(xq); free(xd); free(xs);
+    return status;
+}
+
+static void destroy_kernel(void *state) { free(state); }
+static const char *op_name(const OrtCustomOp *op) { (void)op; return "Q4_0MatMul"; }
+static const char *op_provider(const OrtCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
+static size_t input_count(const OrtCustomOp *op) { (void)op; return 3; }
+static size_t output_count(const OrtCustomOp *op) { (void)op; return 1; }
+
+static ONNXTensorElementDataType input_type(const OrtCustomOp *op, size_t index) {
+    (void)op;
+    static const ONNXTensorElementDataType types[3] = {
+        ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16};
+    return index < 3 ? types[index] : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+}
+
+static ONNXTensorElementDataType output_type(const OrtCustomOp *op, size_t index) {
+    (void)op; (void)index;
+    return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+}
+
+static OrtCustomOpInputOutputCharacteristic required(const OrtCustomOp *op, size_t index) {
+    (void)op; (void)index;
+    return INPUT_OUTPUT_REQUIRED;
+}
+
+static OrtMemType memory_type(const OrtCustomOp *op, size_t index) { (void)op; (void)index; return OrtMemTypeDefault; }
+static int one(const OrtCustomOp *op) { (void)op; return 1; }
+static int first_version(const OrtCustomOp *op) { (void)op; return 1; }
+static int last_version(const OrtCustomOp *op) { (void)op; return 1 << 30; }
+
+static OrtCustomOp op;
+static OrtCustomOpDomain *domain;
+
+/* Called by ONNX Runtime (SessionOptions.register_custom_ops_library) for each session's options;
+ * the domain is made once and lives as long as the process. */
+OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *base) {
+    if (!ort) {
+        ort = base->GetApi(ORT_API_VERSION);
+        if (!ort) return NULL;  /* an ONNX Runtime older than the header: it fails the load itself */
+    }
+    if (!domain) {
+        op.version = ORT_API_VERSION;
+        op.GetName = op_name;
+        op.GetExecutionProviderType = op_provider;
+        op.GetInputType = input_type;
+        op.GetInputTypeCount = input_count;
+        op.GetOutputType = output_type;
+        op.GetOutputTypeCount = output_count;
+        op.GetInputCharacteristic = required;
+        op.GetOutputCharacteristic = required;
+        op.GetInputMemoryType = memory_type;
+        op.GetVariadicInputMinArity = one;
+        op.GetVariadicInputHomogeneity = one;
+        op.GetVariadicOutputMinArity = one;
+        op.GetVariadicOutputHomogeneity = one;
+        op.CreateKernelV2 = create_kernel;
+        op.KernelComputeV2 = compute;
+        op.KernelDestroy = destroy_kernel;
+        op.GetStartVersion = first_version;
+        op.GetEndVersion = last_version;
+        CHECK(ort->CreateCustomOpDomain("ai.specdeploy", &domain));
+        CHECK(ort->CustomOpDomain_Add(domain, &op));
+    }
+    return ort->AddCustomOpDomain(options, domain);
+}
+
+/* The same product outside ONNX Runtime, one thread, for tests and the lab: 0, or -1 out of memory. */
+int q4_0_matmul(const float *x, int64_t m, int64_t k, const uint8_t *qs, const uint16_t *d, int64_t n, float *y) {
+    int64_t nb = k / QK;
+    int8_t *xq = malloc((size_t)(m ? m : 1) * k);
+    float *xd = malloc(sizeof(float) * (m ? m : 1) * nb);
+    int32_t *xs = malloc(sizeof(int32_t) * (m ? m : 1) * nb);
+    if (!xq || !xd || !xs) { free(xq); free(xd); free(xs); return -1; }
+    for (int64_t r = 0; r < m; r++) quantize_row(x + (size_t)r * k, k, xq + (size_t)r * k, xd + r * nb, xs + r * nb);
+    Work w = {.m = m, .k = k, .n = n, .qs = qs, .d = d, .xq = xq, .xd = xd, .xs = xs, .y = y};
+    for (size_t t = 0; t < (size_t)((n / 4 + GROUPS_PER_TASK - 1) / GROUPS_PER_TASK); t++) run_task(&w, t);
+    free(xq); free(xd); free(xs);
+    return 0;
+}
+
+/* Which form this build computes with, for logs and the row check's record. */
+const char *q4_0_form(void) {
+#if WIDE
+    return "avx512-vnni";
+#elif defined(__AVX2__) && defined(__FMA__)
+    return "avx2";
+#else
+    return "c";
+#endif
+}
