@@ -16,6 +16,7 @@ if ! command -v chromium >/dev/null 2>&1; then
     $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium >/dev/null
 fi
 scripts/fetch_model.sh
+.venv/bin/specdeploy build-kernels || echo "the q4_0 int4 kernel was not built: its tests skip"
 case " $* " in *" --long "*)  # the long tier's Gemma 3 end-to-end tests
     scripts/fetch_gemma3.sh || echo "Gemma 3 270M could not be fetched: its end-to-end tests skip" ;;
 esac

@@ -21,6 +21,7 @@ from .residency import anonymous_regions, collapse_new, page_out, trim_heap, zer
 
 EXECUTION_PROVIDERS = dict(zip(PROVIDERS, ("CPUExecutionProvider", "CUDAExecutionProvider",
                                            "TensorrtExecutionProvider")))
+IN_PLACE_KEY = "read_in_place"  # manifest.extra: weights-file ranges a kernel reads in place
 SHRINK_AFTER_ROWS = 64  # more rows than any verify pass (MAX_DRAFT_TOKENS + 1): a prompt's prefill
 
 
@@ -157,26 +158,10 @@ def allocate_kv(manifest: Manifest, layers: range, device: str = "cpu") -> dict:
     }
 
 
-def read_in_place(bundle: Path, manifest: Manifest) -> list[tuple[int, int]]:
+def read_in_place(manifest: Manifest) -> list[tuple[int, int]]:
     """[start, end) byte ranges of the weights file that kernels read where ONNX Runtime mapped them
-    (Q4_0MatMul's weights, every run): pages `page_out` must leave resident."""
-    if not manifest.operators:
-        return []
-    import onnx
-
-    from ..quantization import q4_0
-
-    ranges = []
-    for graph in manifest.graphs.values():
-        model = onnx.load(str(Path(bundle) / graph.file), load_external_data=False)
-        read = {name for n in model.graph.node if n.op_type == q4_0.OP for name in n.input[1:]}
-        for tensor in model.graph.initializer:
-            if tensor.name in read:
-                place = {e.key: e.value for e in tensor.external_data}
-                if "offset" in place:
-                    start = int(place["offset"])
-                    ranges.append((start, start + int(place["length"])))
-    return ranges
+    (Q4_0MatMul's weights, every run), as quantizing recorded them: pages `page_out` must leave."""
+    return [(int(a), int(b)) for a, b in manifest.extra.get(IN_PLACE_KEY, [])]
 
 
 def provider_options(provider: str, bundle: Path) -> list:
@@ -218,13 +203,14 @@ def load_stages(bundle: Path, manifest: Manifest, provider: str | None = None, t
     options = provider_options(provider, bundle) or None
     device = "cpu" if provider == "cpu" else "cuda"
     before = anonymous_regions() if device == "cpu" else None
-    in_place = read_in_place(bundle, manifest)
+    in_place = read_in_place(manifest)
     stages = {}
     for name, graph in manifest.graphs.items():
         path = Path(bundle) / graph.file
+        options_here = session_options(threads, log_severity, graph.precision == "fp8", manifest.operators)
         try:
             session = ort.InferenceSession(
-                str(path), session_options(threads, log_severity, graph.precision == "fp8", manifest.operators),
+                str(path), options_here,
                 providers=providers,
                 provider_options=options,
             )

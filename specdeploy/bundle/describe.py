@@ -26,6 +26,8 @@ def describe(bundle: Path, verify: bool = False) -> str:
         f"precision   {m.precision}" + (f" (int4 blocks of {m.extra['int4_block_size']})"
                                          if "int4_block_size" in m.extra else ""),
     ]
+    if m.operators:
+        lines.append(f"operators   specdeploy's own: {', '.join(m.operators)} (built here by 'specdeploy build-kernels')")
     lines += _compute_lines(m.extra)
     for name, g in m.graphs.items():
         layers = f" layers {g.kv_layers[0]}..{g.kv_layers[1] - 1}" if g.kv_layers else ""

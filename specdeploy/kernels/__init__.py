@@ -97,15 +97,16 @@ def _cpu_key() -> str:
     return f"{platform.machine()} {flags}"
 
 
-def library_path() -> Path:
-    """Where this source, built for this CPU, lies once built."""
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + _cpu_key().encode()).hexdigest()[:16]
+def library_path(flags: tuple[str, ...] = FLAGS) -> Path:
+    """Where this source, built with `flags` for this CPU, lies once built."""
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode() + _cpu_key().encode()).hexdigest()[:16]
     return cache_dir() / "kernels" / key / "libspecdeploy_kernels.so"
 
 
-def build(include: Path | None = None, compiler: str | None = None) -> Path:
-    """Compile the operators for this machine (once: an existing build is reused); the library's path."""
-    target = library_path()
+def build(include: Path | None = None, compiler: str | None = None, flags: tuple[str, ...] = FLAGS) -> Path:
+    """Compile the operators for this machine (once: an existing build is reused); the library's path.
+    `flags`: the compiler's (another -march builds another form, for tests)."""
+    target = library_path(flags)
     if target.is_file():
         return target
     headers = find_include(include)
@@ -118,7 +119,7 @@ def build(include: Path | None = None, compiler: str | None = None) -> Path:
                           "and run `specdeploy build-kernels` again")
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(f".{os.getpid()}.tmp")
-    done = subprocess.run([cc, *FLAGS, f"-I{headers}", str(SOURCE), "-o", str(partial), "-lm"],
+    done = subprocess.run([cc, *flags, f"-I{headers}", str(SOURCE), "-o", str(partial), "-lm"],
                           capture_output=True, text=True)
     if done.returncode != 0:
         partial.unlink(missing_ok=True)

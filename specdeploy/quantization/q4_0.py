@@ -69,9 +69,42 @@ def uses(model) -> bool:
     return any(n.op_type == OP and n.domain == DOMAIN for n in model.graph.node)
 
 
+def count(graph) -> int:
+    """How many Q4_0MatMul the ONNX file `graph` holds."""
+    import onnx
+
+    model = onnx.load(str(graph), load_external_data=False)
+    return sum(n.op_type == OP and n.domain == DOMAIN for n in model.graph.node)
+
+
 def use_domain(model) -> None:
     """Declare the operator's domain, once."""
     from onnx import helper
 
     if not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+
+
+def in_place_ranges(bundle, graphs) -> list[list[int]]:
+    """[start, end) byte ranges of the shared weights file holding Q4_0MatMul's initializers, merged
+    where only alignment padding lies between: what the runtime keeps mapped (backends)."""
+    import onnx
+
+    ranges = []
+    for graph in graphs.values():
+        model = onnx.load(str(bundle / graph.file), load_external_data=False)
+        read = {name for n in model.graph.node if n.op_type == OP and n.domain == DOMAIN for name in n.input[1:]}
+        for tensor in model.graph.initializer:
+            place = {e.key: int(e.value) for e in tensor.external_data if e.key in ("offset", "length")}
+            if tensor.name in read and "offset" in place:
+                ranges.append([place["offset"], place["offset"] + place["length"]])
+    merged = []
+    for start, end in sorted(ranges):
+        if merged and start - merged[-1][1] < GAP:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return merged
+
+
+GAP = 64 * 1024  # the weights file's alignment (bundle/weights.py): ranges closer than this merge

@@ -100,6 +100,7 @@ def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str,
     """Each graph quantized into `tmp` (the tied embedding too); (files by stem, counts per graph: weights
     carried from the GGUF, offsets folded, layers with fused attention, float outlier channels)."""
     from .folding import folded_count
+    from .q4_0 import count as q4_0_count
 
     files, carried, folded, fused, padded, found = {}, {}, {}, {}, {}, calibration.outliers
     context = manifest.max_context if fuse_attention else None
@@ -124,6 +125,8 @@ def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str,
                 f"inputs in float" if channels else "")
         two = (f"; {padded[name]} matmuls handed a padded second row (a one-row int4 call is another "
                f"kernel without VNNI)" if padded[name] else "")
+        in_place = q4_0_count(dst) if plan[name] == "int4" and options.int4_kernel == "q4_0" else 0
+        two += f"; {in_place} matmuls by Q4_0MatMul (read in place)" if in_place else ""
         nearest = (f"; rounded to nearest, not by GPTQ: {calibration.unrounded[name]} (more memory, or the "
                    f"model's GGUF with its blocks carried, avoids this)" if name in calibration.unrounded else "")
         echo(f"{name}: {plan[name]}{blocks}{_carried(carried[name], folded[name])}{kept}{two}{nearest}")
@@ -207,8 +210,14 @@ def quantize_bundle(bundle: Path, options: QuantizeOptions, texts: list[str] | N
     if options.tensorrt:
         graphs = _tensorrt_forms(bundle, graphs, echo)
     extra = _extra(manifest.extra, counts, bundle, graphs, plan, compute)
+    operators = _operators(bundle, graphs)
+    if operators:
+        from ..backends.onnxruntime import IN_PLACE_KEY
+        from .q4_0 import in_place_ranges
+
+        extra[IN_PLACE_KEY] = in_place_ranges(bundle, graphs)
     seal(bundle, manifest.replace(graphs=graphs, precision=options.label(plan), extra=extra,
-                                  kv_spare_rows=int(unfused is None), operators=_operators(bundle, graphs)), echo)
+                                  kv_spare_rows=int(unfused is None), operators=operators), echo)
     mark("checking row independence")
     return bundle
 

@@ -1,0 +1,216 @@
+"""specdeploy's Q4_0MatMul: GGUF's Q4_0 bytes in place, the product each form computes, rows
+independent of the call, and bundles that use it kept exact."""
+import ctypes
+import dataclasses
+
+import numpy as np
+import pytest
+
+from specdeploy import kernels
+from specdeploy.bundle import manifest as manifest_io
+from specdeploy.config import GenerationConfig
+from specdeploy.errors import ConfigError
+from specdeploy.quantization import nbits, q4_0
+from specdeploy.quantization.compute import ComputeOptions
+from specdeploy.quantization.options import QuantizeOptions
+from specdeploy.quantization.quantize import quantize
+from specdeploy.runtime.engine import Engine
+
+
+@pytest.fixture(scope="module")
+def library():
+    """The operator library built here (scripts/setup.sh builds it; the headers may be missing on a
+    machine set up otherwise)."""
+    if kernels.find_include() is None and not kernels.library_path().is_file():
+        pytest.skip("ONNX Runtime's C API header is not here: run `specdeploy build-kernels --fetch-headers`")
+    return kernels.build()
+
+
+def _blocks(rng, k: int = 256, n: int = 64) -> nbits.Blocks:
+    w = rng.normal(size=(k, n)).astype(np.float32)
+    return q4_0.half_scales(nbits.quantize(w, 4, 32, "absmax"))
+
+
+def _model(blocks: nbits.Blocks, kind: str = "q4_0"):
+    from onnx import TensorProto, helper
+
+    n, nb, _ = blocks.q.shape
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, None, nb * 32])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, None, n])
+    model = helper.make_model(helper.make_graph([], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 24), helper.make_opsetid("com.microsoft", 1)])
+    node = helper.make_node("MatMul", ["x", "w"], ["y"], name="m")
+    made = q4_0.matmul_node(model, node, "w", blocks) if kind == "q4_0" else nbits.matmul_node(model, node, "w", blocks, 4)
+    model.graph.node.append(made)
+    q4_0.use_domain(model)
+    return model
+
+
+def _session(model, library):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.register_custom_ops_library(str(library))
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def test_a_gguf_q4_0_tensor_is_carried_as_its_own_bytes():
+    """A Q4_0 tensor's blocks, matched by value, pack back into exactly the file's bytes (16 bytes
+    of q + 8 and the float16 scale per 32 weights), four columns interleaved."""
+    import gguf
+    from gguf import quants
+
+    from specdeploy.quantization.gguf_blocks import BlockIndex
+
+    rng = np.random.default_rng(0)
+    rows = rng.normal(size=(48, 128)).astype(np.float32)                          # [N, K] as stored
+    raw = quants.quantize(rows, gguf.GGMLQuantizationType.Q4_0)                   # [48, 4 * 18]
+    weight = np.ascontiguousarray(quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_0).T)
+    blocks = BlockIndex([raw], "Q4_0").blocks(weight, 32)
+    assert q4_0.takes(blocks)
+    qs, d = q4_0.pack(blocks)                                                     # [12, 4, 64], [12, 4, 4]
+    file = raw.reshape(48, 4, 18)
+    np.testing.assert_array_equal(qs.reshape(12, 4, 4, 16).transpose(0, 2, 1, 3).reshape(48, 4, 16), file[..., 2:])
+    np.testing.assert_array_equal(d.transpose(0, 2, 1).reshape(48, 4).view(np.uint16),
+                                  file[..., :2].copy().view(np.uint16)[..., 0])
+    back = q4_0.unpack(qs, d)
+    np.testing.assert_array_equal(back.q, blocks.q)
+    np.testing.assert_array_equal(back.scales, blocks.scales)
+
+
+def test_only_symmetric_blocks_of_32_with_float16_scales_go_to_the_operator():
+    rng = np.random.default_rng(1)
+    w = rng.normal(size=(64, 8)).astype(np.float32)
+    assert not q4_0.takes(nbits.quantize(w, 4, 32, "absmax"))       # float32 scales
+    assert q4_0.takes(q4_0.half_scales(nbits.quantize(w, 4, 32, "absmax")))
+    assert not q4_0.takes(q4_0.half_scales(nbits.quantize(w, 4, 16, "absmax")))
+    assert not q4_0.takes(q4_0.half_scales(nbits.quantize(w, 4, 32, "minmax")))  # float offsets
+    assert not q4_0.takes(q4_0.half_scales(nbits.quantize(w[:, :6], 4, 32, "absmax")))  # N % 4
+
+
+def test_the_operator_computes_x_at_w_as_closely_as_matmulnbits_with_rows_independent(library):
+    """Both quantize each activation row to int8 per block of 32; each of 9 rows (two tiles of four
+    and one alone) is bitwise the row computed alone."""
+    rng = np.random.default_rng(2)
+    blocks = _blocks(rng)
+    ours, theirs = _session(_model(blocks), library), _session(_model(blocks, "nbits"), library)
+    x = rng.normal(size=(1, 9, 256)).astype(np.float32)
+    want = x @ blocks.dequantize()
+    error = lambda s: np.abs(s.run(None, {"x": x})[0] - want).max() / np.abs(want).max()  # noqa: E731
+    assert error(ours) < 0.02 and error(ours) < 2 * error(theirs)
+    many = ours.run(None, {"x": x})[0]
+    alone = np.concatenate([ours.run(None, {"x": x[:, i:i + 1]})[0] for i in range(9)], axis=1)
+    np.testing.assert_array_equal(many, alone)
+
+
+def _cpu_has(flag: str) -> bool:
+    from pathlib import Path
+
+    info = Path("/proc/cpuinfo")
+    return info.is_file() and f" {flag} " in f" {info.read_text()} ".replace("\n", " ")
+
+
+FORMS = {"avx2": ("-march=x86-64-v3", "avx2"), "c": ("-march=x86-64", None)}
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_each_form_of_the_kernel_computes_the_product_with_rows_independent(library, form):
+    """The AVX2 and plain C forms (what a machine without AVX-512 VNNI builds), through the
+    library's own entry point: the same product within int8 activations' error, each row alone."""
+    import platform
+
+    march, needs = FORMS[form]
+    if platform.machine() not in ("x86_64", "AMD64") or (needs and not _cpu_has(needs)):
+        pytest.skip(f"the {form} form is an x86-64 build this CPU cannot run")
+    flags = tuple(march if f == "-march=native" else f for f in kernels.FLAGS)
+    lib = ctypes.CDLL(str(kernels.build(flags=flags)))
+    lib.q4_0_form.restype = ctypes.c_char_p
+    assert lib.q4_0_form().decode() == form
+    rng = np.random.default_rng(3)
+    blocks = _blocks(rng, k=128, n=16)
+    qs, d = q4_0.pack(blocks)
+    x = rng.normal(size=(6, 128)).astype(np.float32)
+
+    def run(rows):
+        y = np.zeros((rows.shape[0], 16), np.float32)
+        pointer = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
+        assert lib.q4_0_matmul(pointer(rows), ctypes.c_int64(rows.shape[0]), ctypes.c_int64(128), pointer(qs),
+                               pointer(d.view(np.uint16)), ctypes.c_int64(16), pointer(y)) == 0
+        return y
+
+    many = run(x)
+    want = x @ blocks.dequantize()
+    assert np.abs(many - want).max() < 0.02 * np.abs(want).max()
+    np.testing.assert_array_equal(many, np.concatenate([run(x[i:i + 1]) for i in range(6)]))
+
+
+@pytest.fixture(scope="module")
+def q4_0_bundle(library, tiny_bundle, tmp_path_factory):
+    out = tmp_path_factory.mktemp("q4_0") / "int4"
+    lines = []
+    quantize(tiny_bundle, out, QuantizeOptions("int4", method="rtn", compute=ComputeOptions(int4_kernel="q4_0")),
+             echo=lines.append)
+    return out, lines
+
+
+def test_an_int4_bundle_by_the_operator_is_exact_and_names_it(q4_0_bundle):
+    import onnx
+
+    bundle, lines = q4_0_bundle
+    manifest = manifest_io.read(bundle)
+    assert manifest.operators == ("q4_0",) and manifest.row_check["passed"]
+    in_place = manifest.extra["read_in_place"]                      # what the runtime keeps mapped
+    assert in_place and all(0 <= a < b <= (bundle / manifest.weights).stat().st_size for a, b in in_place)
+    assert any("Q4_0MatMul (read in place)" in line for line in lines)
+    for name in ("draft", "verify"):
+        ops = [n.op_type for n in onnx.load(str(bundle / manifest.graphs[name].file)).graph.node]
+        assert q4_0.OP in ops and "MatMulNBits" not in ops
+    assert manifest.quality["greedy_identical"]
+    with Engine(bundle) as engine:
+        for seed in range(3):
+            prompt = [int(t) for t in np.random.default_rng(seed).integers(2, 96, 8)]
+            base = dict(max_new_tokens=32, ignore_eos=True)
+            plain = engine.generate_ids(prompt, GenerationConfig(speculative=False, **base))
+            assert engine.generate_ids(prompt, GenerationConfig(draft_source="early_exit", **base)) == plain
+
+
+def test_a_bundle_needing_the_operator_says_how_to_build_it(q4_0_bundle, tmp_path, monkeypatch):
+    bundle, _ = q4_0_bundle
+    monkeypatch.setenv("SPECDEPLOY_CACHE", str(tmp_path))       # nothing built there
+    monkeypatch.setattr(kernels, "find_include", lambda include=None: None)
+    with pytest.raises(ConfigError, match="build-kernels"):
+        Engine(bundle)
+
+
+def test_a_bundle_needing_an_unknown_operator_is_refused(q4_0_bundle, tmp_path):
+    import shutil
+
+    from specdeploy.errors import BackendError
+
+    bundle = tmp_path / "b"
+    shutil.copytree(q4_0_bundle[0], bundle)
+    manifest = manifest_io.read(bundle)
+    manifest_io.write(bundle, dataclasses.replace(manifest, operators=("q9_9",)))
+    with pytest.raises(BackendError, match="q9_9"):
+        Engine(bundle)
+
+
+def test_the_operators_weights_stay_mapped_while_other_file_pages_are_handed_back(tmp_path):
+    """page_out leaves a mapping alone where it maps bytes a kernel reads in place."""
+    from specdeploy.backends.residency import mapped_ranges
+
+    root = tmp_path / "b"
+    root.mkdir()
+    maps = tmp_path / "maps"
+    maps.write_text(f"1000-3000 r--p 00000000 00:00 1 {root}/weights.bin\n"
+                    f"3000-5000 r--p 00010000 00:00 1 {root}/weights.bin\n"
+                    f"5000-6000 r--p 00000000 00:00 1 /elsewhere\n")
+    assert mapped_ranges(root, str(maps)) == [(0x1000, 0x3000), (0x3000, 0x5000)]
+    assert mapped_ranges(root, str(maps), keep=[(0x10800, 0x11000)]) == [(0x1000, 0x3000)]
+
+
+def test_the_kernel_is_refused_with_blocks_of_16():
+    with pytest.raises(ConfigError, match="blocks of 32"):
+        ComputeOptions(int4_kernel="q4_0", int4_block=16)
+    with pytest.raises(ConfigError, match="q4_1"):
+        ComputeOptions(int4_kernel="q4_1")
