@@ -303,12 +303,15 @@ static OrtCustomOpDomain *domain;
 /* Called by ONNX Runtime (SessionOptions.register_custom_ops_library) for each session's options;
  * the domain is made once and lives as long as the process. */
 OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *base) {
-    if (!ort) {
-        ort = base->GetApi(ORT_API_VERSION);
-        if (!ort) return NULL;  /* an ONNX Runtime older than the header: it fails the load itself */
+    /* the newest API both know; what this file calls is all in 17 (ONNX Runtime 1.17) */
+    static uint32_t version = ORT_API_VERSION;
+    for (; !ort && version >= 17; version--) {
+        ort = base->GetApi(version);
+        if (ort) break;
     }
+    if (!ort) return NULL;  /* older than 1.17: the session then names Q4_0MatMul as unknown */
     if (!domain) {
-        op.version = ORT_API_VERSION;
+        op.version = version;
         op.GetName = op_name;
         op.GetExecutionProviderType = op_provider;
         op.GetInputType = input_type;
