@@ -214,3 +214,14 @@ def test_the_kernel_is_refused_with_blocks_of_16():
         ComputeOptions(int4_kernel="q4_0", int4_block=16)
     with pytest.raises(ConfigError, match="q4_1"):
         ComputeOptions(int4_kernel="q4_1")
+
+
+def test_weights_of_another_shape_than_the_nodes_are_refused_not_read_past(library):
+    from onnx import helper
+
+    model = _model(_blocks(np.random.default_rng(4)))
+    node = model.graph.node[0]
+    node.attribute.remove(next(a for a in node.attribute if a.name == "N"))
+    node.attribute.append(helper.make_attribute("N", 128))            # the weights hold 64 columns
+    with pytest.raises(Exception, match=r"\[N/4, K/32, 64\]"):
+        _session(model, library).run(None, {"x": np.zeros((1, 1, 256), np.float32)})

@@ -228,6 +228,14 @@ static OrtStatus *input_shape(const OrtValue *x, int64_t *dims, size_t *rank, in
     return NULL;
 }
 
+static OrtStatus *element_count(const OrtValue *value, size_t *count) {
+    OrtTensorTypeAndShapeInfo *info;
+    CHECK(ort->GetTensorTypeAndShape(value, &info));
+    OrtStatus *status = ort->GetTensorShapeElementCount(info, count);
+    ort->ReleaseTensorTypeAndShapeInfo(info);
+    return status;
+}
+
 static OrtStatus *compute(void *state, OrtKernelContext *context) {
     const Kernel *kernel = (const Kernel *)state;
     const OrtValue *x, *qs, *d;
@@ -238,6 +246,11 @@ static OrtStatus *compute(void *state, OrtKernelContext *context) {
     size_t rank;
     CHECK(input_shape(x, dims, &rank, &rows));
     if (dims[rank - 1] != kernel->k) return fail("Q4_0MatMul: x's last axis is not the weight's K");
+    size_t qs_count, d_count, blocks = (size_t)(kernel->n / 4) * (size_t)(kernel->k / QK);
+    CHECK(element_count(qs, &qs_count));
+    CHECK(element_count(d, &d_count));
+    if (qs_count != blocks * 64 || d_count != blocks * 4)
+        return fail("Q4_0MatMul: the weights' shapes are not [N/4, K/32, 64] and [N/4, K/32, 4]");
     dims[rank - 1] = kernel->n;
     OrtValue *y;
     CHECK(ort->KernelContext_GetOutput(context, 0, dims, rank, &y));
