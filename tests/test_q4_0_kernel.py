@@ -159,8 +159,10 @@ def test_an_int4_bundle_by_the_operator_is_exact_and_names_it(q4_0_bundle):
     bundle, lines = q4_0_bundle
     manifest = manifest_io.read(bundle)
     assert manifest.operators == ("q4_0",) and manifest.row_check["passed"]
-    in_place = manifest.extra["read_in_place"]                      # what the runtime keeps mapped
-    assert in_place and all(0 <= a < b <= (bundle / manifest.weights).stat().st_size for a, b in in_place)
+    in_place = manifest.extra["read_in_place"]         # what the runtime reads into huge-page memory
+    size = (bundle / manifest.weights).stat().st_size
+    assert set(in_place) == {"draft", "verify"}
+    assert all(0 <= offset and offset + length <= size for rows in in_place.values() for _, offset, length, _, _ in rows)
     assert any("Q4_0MatMul (read in place)" in line for line in lines)
     for name in ("draft", "verify"):
         ops = [n.op_type for n in onnx.load(str(bundle / manifest.graphs[name].file)).graph.node]
@@ -195,18 +197,33 @@ def test_a_bundle_needing_an_unknown_operator_is_refused(q4_0_bundle, tmp_path):
         Engine(bundle)
 
 
-def test_the_operators_weights_stay_mapped_while_other_file_pages_are_handed_back(tmp_path):
-    """page_out leaves a mapping alone where it maps bytes a kernel reads in place."""
-    from specdeploy.backends.residency import mapped_ranges
+def test_the_operators_weights_are_read_into_memory_of_their_own_and_compute_the_same(q4_0_bundle):
+    """The runtime hands ONNX Runtime the file's bytes from huge-page anonymous memory: logits bitwise
+    those of the same graphs reading the file's mapping."""
+    import onnxruntime as ort
 
-    root = tmp_path / "b"
-    root.mkdir()
-    maps = tmp_path / "maps"
-    maps.write_text(f"1000-3000 r--p 00000000 00:00 1 {root}/weights.bin\n"
-                    f"3000-5000 r--p 00010000 00:00 1 {root}/weights.bin\n"
-                    f"5000-6000 r--p 00000000 00:00 1 /elsewhere\n")
-    assert mapped_ranges(root, str(maps)) == [(0x1000, 0x3000), (0x3000, 0x5000)]
-    assert mapped_ranges(root, str(maps), keep=[(0x10800, 0x11000)]) == [(0x1000, 0x3000)]
+    from specdeploy.backends import onnxruntime as backend
+
+    bundle, _ = q4_0_bundle
+    manifest = manifest_io.read(bundle)
+    names, values, held = backend.in_place_weights(bundle, manifest, "verify")
+    assert held is not None and len(names) == len(manifest.extra["read_in_place"]["verify"])
+    raw = (bundle / manifest.weights).read_bytes()
+    for value, (_, offset, length, _, _) in zip(values, manifest.extra["read_in_place"]["verify"]):
+        assert value.numpy().tobytes() == raw[offset:offset + length]
+    path = str(bundle / manifest.graphs["verify"].file)
+    mapped = ort.InferenceSession(path, backend.session_options(operators=manifest.operators))
+    options = backend.session_options(operators=manifest.operators)
+    options.add_external_initializers(names, values)
+    held_here = ort.InferenceSession(path, options)
+    feeds = {}
+    for i in mapped.get_inputs():
+        shape = [d if isinstance(d, int) else 1 for d in i.shape]
+        dtype = np.int64 if "int64" in i.type else np.float32
+        feeds[i.name] = (np.zeros(shape, dtype) if dtype is np.int64
+                         else np.random.default_rng(0).normal(size=shape).astype(np.float32))
+    for a, b in zip(mapped.run(None, feeds), held_here.run(None, feeds)):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_the_kernel_is_refused_with_blocks_of_16():

@@ -41,9 +41,8 @@ MADV_PAGEOUT = 21  # linux/mman-common.h, Linux >= 5.4
 MADV_RANDOM = 1
 
 
-def mapped_ranges(root: Path, maps: str = "/proc/self/maps", keep=()) -> list[tuple[int, int]]:
-    """[start, end) of every mapping in this process of a file under `root`, but those that map any
-    of the file bytes `keep` ([start, end) offsets in the file)."""
+def mapped_ranges(root: Path, maps: str = "/proc/self/maps") -> list[tuple[int, int]]:
+    """[start, end) of every mapping in this process of a file under `root`."""
     prefix = str(Path(root).resolve()).rstrip("/") + "/"  # not a sibling that shares the prefix
     ranges = []
     with open(maps) as lines:
@@ -51,9 +50,7 @@ def mapped_ranges(root: Path, maps: str = "/proc/self/maps", keep=()) -> list[tu
             fields = line.split(maxsplit=5)
             if len(fields) == 6 and fields[5].rstrip("\n").startswith(prefix):
                 start, end = (int(x, 16) for x in fields[0].split("-"))
-                offset = int(fields[2], 16)
-                if not any(a < offset + end - start and offset < b for a, b in keep):
-                    ranges.append((start, end))
+                ranges.append((start, end))
     return ranges
 
 
@@ -64,17 +61,16 @@ def _libc() -> ctypes.CDLL:
     return libc
 
 
-def page_out(root: Path, keep=()) -> int:
+def page_out(root: Path) -> int:
     """Advises the kernel to reclaim the pages of files under `root`, and to read a page that is
     faulted back in alone (MADV_RANDOM): what comes back is an embedding row here and there, and
     the default read-ahead brought ~100 KB of the file in with each one (a 1.5B bundle decoding:
     141 MB of the file mapped again, 110 MB with this; the rest is the kernel mapping a fault's
-    neighbours already in the page cache). `keep`: file byte ranges a kernel reads in place every
-    run (Q4_0MatMul's weights), whose mappings are left as they are. Returns the bytes advised."""
+    neighbours already in the page cache). Returns the bytes advised."""
     if not sys.platform.startswith("linux"):
         return 0
     libc, advised = _libc(), 0
-    for start, end in mapped_ranges(root, keep=keep):
+    for start, end in mapped_ranges(root):
         if libc.madvise(start, end - start, MADV_PAGEOUT) != 0:
             return advised  # EINVAL: a kernel without MADV_PAGEOUT; the pages simply stay
         libc.madvise(start, end - start, MADV_RANDOM)
@@ -95,6 +91,33 @@ def zeroed(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     dtype = np.dtype(dtype)
     nbytes = max(1, int(np.prod(shape)) * dtype.itemsize)
     return np.frombuffer(mmap.mmap(-1, nbytes), dtype, int(np.prod(shape))).reshape(shape)
+
+
+def read_anonymous(path: Path, spans: list[tuple[int, int]]) -> tuple[mmap.mmap, list[memoryview]]:
+    """The file bytes [offset, offset + length) of each span, read into one private anonymous
+    mapping asked for huge pages (MADV_HUGEPAGE; `collapse_new` finishes what the fault path did
+    not): weights a kernel streams every step read through 2 MB pages, which a file's mapping here
+    cannot have. Returns the mapping (keep it alive) and a view of each span, 64-byte aligned."""
+    places, size = [], 0
+    for _, length in spans:
+        places.append(size)
+        size += -(-length // 64) * 64
+    region = mmap.mmap(-1, max(size, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        region.madvise(mmap.MADV_HUGEPAGE)
+    views = []
+    with open(path, "rb", buffering=0) as f:
+        for (offset, length), place in zip(spans, places):
+            view = memoryview(region)[place:place + length]
+            f.seek(offset)
+            done = 0
+            while done < length:
+                read = f.readinto(view[done:])
+                if not read:
+                    raise OSError(f"{path} ends before byte {offset + length}")
+                done += read
+            views.append(view)
+    return region, views
 
 
 MADV_COLLAPSE = 25  # linux/mman-common.h, Linux >= 6.1

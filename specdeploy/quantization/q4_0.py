@@ -85,26 +85,22 @@ def use_domain(model) -> None:
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
 
 
-def in_place_ranges(bundle, graphs) -> list[list[int]]:
-    """[start, end) byte ranges of the shared weights file holding Q4_0MatMul's initializers, merged
-    where only alignment padding lies between: what the runtime keeps mapped (backends)."""
+def in_place_table(bundle, graphs) -> dict[str, list]:
+    """graph -> [name, offset, length, dtype, shape] of each Q4_0MatMul initializer in the shared
+    weights file: what the runtime reads into huge-page memory and hands ONNX Runtime (backends)."""
     import onnx
+    from onnx import helper
 
-    ranges = []
-    for graph in graphs.values():
+    table = {}
+    for name, graph in graphs.items():
         model = onnx.load(str(bundle / graph.file), load_external_data=False)
-        read = {name for n in model.graph.node if n.op_type == OP and n.domain == DOMAIN for name in n.input[1:]}
+        read = {i for n in model.graph.node if n.op_type == OP and n.domain == DOMAIN for i in n.input[1:]}
+        rows = []
         for tensor in model.graph.initializer:
-            place = {e.key: int(e.value) for e in tensor.external_data if e.key in ("offset", "length")}
+            place = {e.key: e.value for e in tensor.external_data}
             if tensor.name in read and "offset" in place:
-                ranges.append([place["offset"], place["offset"] + place["length"]])
-    merged = []
-    for start, end in sorted(ranges):
-        if merged and start - merged[-1][1] < GAP:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return merged
-
-
-GAP = 64 * 1024  # the weights file's alignment (bundle/weights.py): ranges closer than this merge
+                dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).name
+                rows.append([tensor.name, int(place["offset"]), int(place["length"]), dtype, list(tensor.dims)])
+        if rows:
+            table[name] = rows
+    return table

@@ -213,9 +213,9 @@ def quantize_bundle(bundle: Path, options: QuantizeOptions, texts: list[str] | N
     operators = _operators(bundle, graphs)
     if operators:
         from ..backends.onnxruntime import IN_PLACE_KEY
-        from .q4_0 import in_place_ranges
+        from .q4_0 import in_place_table
 
-        extra[IN_PLACE_KEY] = in_place_ranges(bundle, graphs)
+        extra[IN_PLACE_KEY] = in_place_table(bundle, graphs)
     seal(bundle, manifest.replace(graphs=graphs, precision=options.label(plan), extra=extra,
                                   kv_spare_rows=int(unfused is None), operators=operators), echo)
     mark("checking row independence")
