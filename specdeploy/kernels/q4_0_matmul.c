@@ -127,61 +127,83 @@ static void group_row(const Work *w, int64_t g, int64_t r) {
 
 #endif
 
-/* y[r, 4g .. 4g+3] for one group of four columns and rows r0 .. r0+count-1 (count <= TILE): each
- * block's weights are loaded and unpacked once for the tile, and each row's sums run the same
+/* y[r, 4g .. 4g+4*groups-1] for `groups` (1 or 2) groups of four columns and rows r0 .. r0+count-1
+ * (count <= TILE): each block's weights are loaded and unpacked once for the tile's rows, each
+ * row's activations broadcast once for its groups, and each (row, column) sum runs the same
  * instructions in the same order as alone, so a row's result does not depend on the tile. */
 #define TILE 4
 #if WIDE
-/* Inlined for each constant count, so that the tile's sums stay in registers. */
-static inline __attribute__((always_inline)) void tile_rows(const Work *w, int64_t g, int64_t r0, const int count) {
+/* Inlined for each constant count and groups, so that the tile's sums stay in registers. */
+static inline __attribute__((always_inline)) void tile_rows(const Work *w, int64_t g, int64_t r0, const int count,
+                                                            const int groups) {
     const int64_t nb = w->k / QK;
-    const uint8_t *wq = w->qs + (size_t)g * nb * 64;
-    const uint16_t *wd = w->d + (size_t)g * nb * 4;
     const __m512i low = _mm512_set1_epi8(0x0f);
     const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-    __m512 acc0[TILE], acc1[TILE];
-    for (int t = 0; t < count; t++) acc0[t] = acc1[t] = _mm512_setzero_ps();
+    __m512 acc0[TILE][2], acc1[TILE][2];
+    for (int t = 0; t < count; t++)
+        for (int j = 0; j < groups; j++) acc0[t][j] = acc1[t][j] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        __m512i q = _mm512_loadu_si512((const void *)(wq + (size_t)b * 64));
-        __m512i lo = _mm512_and_si512(q, low), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), low);
-        __m512 s16w = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(
-            _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(wd + (size_t)b * 4)))));  /* column c's scale in lanes 4c.. */
+        __m512i lo[2], hi[2];
+        __m512 s16w[2];
+        for (int j = 0; j < groups; j++) {
+            __m512i q = _mm512_loadu_si512((const void *)(w->qs + ((size_t)(g + j) * nb + b) * 64));
+            lo[j] = _mm512_and_si512(q, low);
+            hi[j] = _mm512_and_si512(_mm512_srli_epi16(q, 4), low);
+            s16w[j] = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_cvtph_ps(
+                _mm_loadl_epi64((const __m128i *)(w->d + ((size_t)(g + j) * nb + b) * 4)))));  /* column c's in lanes 4c.. */
+        }
         for (int t = 0; t < count; t++) {
             const int64_t r = r0 + t;
             const int8_t *a = w->xq + (size_t)r * w->k + b * QK;
             __m512i alo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)a));
             __m512i ahi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(a + 16)));
-            __m512i dot = _mm512_maskz_set1_epi32(0x1111, -w->xs[r * nb + b]);  /* once per column */
-            dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(dot, lo, alo), hi, ahi);
-            __m512 s16 = _mm512_mul_ps(s16w, _mm512_set1_ps(w->xd[r * nb + b]));
-            if (b & 1) acc1[t] = _mm512_fmadd_ps(s16, _mm512_cvtepi32_ps(dot), acc1[t]);
-            else acc0[t] = _mm512_fmadd_ps(s16, _mm512_cvtepi32_ps(dot), acc0[t]);
+            __m512i start = _mm512_maskz_set1_epi32(0x1111, -w->xs[r * nb + b]);  /* once per column */
+            __m512 xd = _mm512_set1_ps(w->xd[r * nb + b]);
+            for (int j = 0; j < groups; j++) {
+                __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(start, lo[j], alo), hi[j], ahi);
+                __m512 s16 = _mm512_mul_ps(s16w[j], xd);
+                if (b & 1) acc1[t][j] = _mm512_fmadd_ps(s16, _mm512_cvtepi32_ps(dot), acc1[t][j]);
+                else acc0[t][j] = _mm512_fmadd_ps(s16, _mm512_cvtepi32_ps(dot), acc0[t][j]);
+            }
         }
     }
     for (int t = 0; t < count; t++) {
-        __m512 acc = _mm512_add_ps(acc0[t], acc1[t]);
-        __m128 part[4] = {_mm512_extractf32x4_ps(acc, 0), _mm512_extractf32x4_ps(acc, 1),
-                          _mm512_extractf32x4_ps(acc, 2), _mm512_extractf32x4_ps(acc, 3)};
-        float *out = w->y + (size_t)(r0 + t) * w->n + 4 * g;
-        for (int c = 0; c < 4; c++) {  /* lanes 4c .. 4c+3 are column 4g+c */
-            __m128 s = _mm_add_ps(part[c], _mm_movehl_ps(part[c], part[c]));
-            s = _mm_add_ss(s, _mm_movehdup_ps(s));
-            out[c] = _mm_cvtss_f32(s);
+        for (int j = 0; j < groups; j++) {
+            __m512 acc = _mm512_add_ps(acc0[t][j], acc1[t][j]);
+            __m128 part[4] = {_mm512_extractf32x4_ps(acc, 0), _mm512_extractf32x4_ps(acc, 1),
+                              _mm512_extractf32x4_ps(acc, 2), _mm512_extractf32x4_ps(acc, 3)};
+            float *out = w->y + (size_t)(r0 + t) * w->n + 4 * (g + j);
+            for (int c = 0; c < 4; c++) {  /* lanes 4c .. 4c+3 are column 4(g+j)+c */
+                __m128 s = _mm_add_ps(part[c], _mm_movehl_ps(part[c], part[c]));
+                s = _mm_add_ss(s, _mm_movehdup_ps(s));
+                out[c] = _mm_cvtss_f32(s);
+            }
         }
     }
 }
 #endif
 
-static void group_rows(const Work *w, int64_t g, int64_t r0, int count) {
+/* Groups g .. g+groups-1 (1 or 2) for rows r0 .. r0+count-1. */
+static void group_rows(const Work *w, int64_t g, int groups, int64_t r0, int count) {
 #if WIDE
+    if (groups == 2) {
+        switch (count) {
+            case 1: tile_rows(w, g, r0, 1, 2); break;
+            case 2: tile_rows(w, g, r0, 2, 2); break;
+            case 3: tile_rows(w, g, r0, 3, 2); break;
+            default: tile_rows(w, g, r0, 4, 2); break;
+        }
+        return;
+    }
     switch (count) {
-        case 1: tile_rows(w, g, r0, 1); break;
-        case 2: tile_rows(w, g, r0, 2); break;
-        case 3: tile_rows(w, g, r0, 3); break;
-        default: tile_rows(w, g, r0, 4); break;
+        case 1: tile_rows(w, g, r0, 1, 1); break;
+        case 2: tile_rows(w, g, r0, 2, 1); break;
+        case 3: tile_rows(w, g, r0, 3, 1); break;
+        default: tile_rows(w, g, r0, 4, 1); break;
     }
 #else
-    for (int t = 0; t < count; t++) group_row(w, g, r0 + t);
+    for (int j = 0; j < groups; j++)
+        for (int t = 0; t < count; t++) group_row(w, g + j, r0 + t);
 #endif
 }
 
@@ -189,8 +211,12 @@ static void run_task(void *data, size_t task) {
     const Work *w = (const Work *)data;
     int64_t groups = w->n / 4, first = (int64_t)task * GROUPS_PER_TASK;
     int64_t last = first + GROUPS_PER_TASK < groups ? first + GROUPS_PER_TASK : groups;
-    for (int64_t g = first; g < last; g++)
-        for (int64_t r = 0; r < w->m; r += TILE) group_rows(w, g, r, w->m - r < TILE ? (int)(w->m - r) : TILE);
+    /* one group at a time for one row (one weight stream: measured faster), two for more rows */
+    const int64_t step = w->m > 1 ? 2 : 1;
+    for (int64_t g = first; g < last; g += step) {
+        int groups = g + 1 < last && step == 2 ? 2 : 1;
+        for (int64_t r = 0; r < w->m; r += TILE) group_rows(w, g, groups, r, w->m - r < TILE ? (int)(w->m - r) : TILE);
+    }
 }
 
 /* ---- the ONNX Runtime custom operator ---- */
