@@ -53,7 +53,7 @@ def main() -> None:
         for _ in range(args.tokens):
             model.verify_pass(hidden, 2 * args.tokens)
         print(f"{args.tokens} verify passes: {resident_kb(name):,} KB")
-        rows = np.random.default_rng(0).standard_normal((1, 1, engine.manifest.model.hidden_size)).astype(np.float32)
+        rows = np.random.default_rng(0).standard_normal((1, engine.manifest.model.hidden_size)).astype(np.float32)
         for _ in range(args.tokens):
             model.logits(rows)
         print(f"{args.tokens} LM-head passes: {resident_kb(name):,} KB")

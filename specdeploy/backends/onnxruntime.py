@@ -17,7 +17,7 @@ from ..constants import PROVIDERS
 from ..errors import BackendError, ConfigError
 from . import attention_window
 from .base import OutputBuffers, usable_cpus
-from .residency import anonymous_regions, collapse_new, page_out, read_anonymous, trim_heap, zeroed
+from .residency import anonymous_regions, collapse_new, drop_cached, page_out, read_anonymous, trim_heap, zeroed
 
 EXECUTION_PROVIDERS = dict(zip(PROVIDERS, ("CPUExecutionProvider", "CUDAExecutionProvider",
                                            "TensorrtExecutionProvider")))
@@ -237,4 +237,6 @@ def load_stages(bundle: Path, manifest: Manifest, provider: str | None = None, t
         stages[name] = OrtStage(name, session, graph, allocate_kv(manifest, graph.layers, device))
         stages[name].held = (values, held)  # ONNX Runtime reads this memory; it lives with the stage
     collapse_new(before)  # what the sessions packed, on 2 MB pages (residency.py)
+    if device == "cpu":
+        drop_cached(Path(bundle) / manifest.weights)  # a row read later maps one page, not a folio
     return stages

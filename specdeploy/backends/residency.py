@@ -32,6 +32,7 @@ import ctypes.util
 import errno
 import functools
 import mmap
+import os
 import sys
 from pathlib import Path
 
@@ -76,6 +77,22 @@ def page_out(root: Path) -> int:
         libc.madvise(start, end - start, MADV_RANDOM)
         advised += end - start
     return advised
+
+
+def drop_cached(path: Path) -> None:
+    """Drops the page cache's clean, unmapped pages of `path` (POSIX_FADV_DONTNEED); a no-op where
+    the call is missing.
+
+    Loading reads the whole weights file (sessions packing their weights), and the kernel caches
+    what it read in large folios; a later fault on one of them (an embedding row, every new token)
+    maps the whole folio into the process, about 1 MB a distinct token here
+    (lab/scripts/embedding_pages.py). Dropped, a row's page is read back alone (MADV_RANDOM)."""
+    if hasattr(os, "posix_fadvise") and Path(path).is_file():
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 def trim_heap() -> None:
