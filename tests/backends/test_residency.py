@@ -244,3 +244,29 @@ def test_collapse_new_goes_page_by_page_retries_a_busy_kernel_and_stops_on_one_w
     calls.clear()
     answers[3 * mb2] = [errno.EINVAL]
     assert residency.collapse_new({}) == mb2 and calls == [2 * mb2, 3 * mb2]  # nothing after EINVAL
+
+
+@linux
+def test_rows_read_after_the_files_cached_pages_are_dropped_map_a_page_each(tmp_path):
+    """Loading reads a whole file (sessions packing it), and the page cache may keep it in large
+    folios whose every page a fault maps; once drop_cached has dropped them, an embedding row read
+    through a randomly-advised mapping brings back its own page."""
+    import os
+
+    from specdeploy.backends.residency import MADV_RANDOM, _libc, drop_cached
+
+    path = tmp_path / "weights.bin"
+    np.random.default_rng(2).integers(0, 255, 16 << 20, dtype=np.uint8).tofile(path)
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())   # clean pages, which the page cache may drop
+        f.read()               # cached, as loading leaves them
+    drop_cached(path)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        view = np.frombuffer(mapped, np.uint8)
+        address = view.ctypes.data
+        _libc().madvise(address, len(view), MADV_RANDOM)
+        before = resident_kb(path)
+        rows = range(1 << 20, 15 << 20, 1 << 20)  # 14 rows 1 MB apart
+        assert [int(view[row]) for row in rows] == [int(x) for x in np.fromfile(path, np.uint8)[list(rows)]]
+        assert resident_kb(path) - before <= 8 * len(rows)  # KB: a 4 KB page each (two at most)
+        del view
