@@ -5,10 +5,10 @@ import dataclasses
 
 import numpy as np
 import pytest
+from exactness import assert_early_exit_equals_plain
 
 from specdeploy import kernels
 from specdeploy.bundle import manifest as manifest_io
-from specdeploy.config import GenerationConfig
 from specdeploy.errors import ConfigError
 from specdeploy.quantization import nbits, q4_0
 from specdeploy.quantization.compute import ComputeOptions
@@ -169,11 +169,7 @@ def test_an_int4_bundle_by_the_operator_is_exact_and_names_it(q4_0_bundle):
         assert q4_0.OP in ops and "MatMulNBits" not in ops
     assert manifest.quality["greedy_identical"]
     with Engine(bundle) as engine:
-        for seed in range(3):
-            prompt = [int(t) for t in np.random.default_rng(seed).integers(2, 96, 8)]
-            base = dict(max_new_tokens=32, ignore_eos=True)
-            plain = engine.generate_ids(prompt, GenerationConfig(speculative=False, **base))
-            assert engine.generate_ids(prompt, GenerationConfig(draft_source="early_exit", **base)) == plain
+        assert_early_exit_equals_plain(engine)
 
 
 def test_a_bundle_needing_the_operator_says_how_to_build_it(q4_0_bundle, tmp_path, monkeypatch):

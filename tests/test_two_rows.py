@@ -4,9 +4,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from exactness import assert_early_exit_equals_plain
 
 from specdeploy.bundle import manifest as manifest_io
-from specdeploy.config import GenerationConfig
 from specdeploy.quantization import nbits, two_rows
 from specdeploy.quantization.compute import ComputeOptions
 from specdeploy.quantization.options import QuantizeOptions
@@ -106,11 +106,7 @@ def test_an_int4_bundle_in_blocks_of_32_passes_the_row_check_and_decodes_exactly
     else:
         assert not padded
     with Engine(out) as engine:
-        for seed in range(3):
-            prompt = [int(t) for t in np.random.default_rng(seed).integers(2, 96, 8)]
-            base = dict(max_new_tokens=32, ignore_eos=True)
-            plain = engine.generate_ids(prompt, GenerationConfig(speculative=False, **base))
-            assert engine.generate_ids(prompt, GenerationConfig(draft_source="early_exit", **base)) == plain
+        assert_early_exit_equals_plain(engine)
 
 
 def test_never_padding_falls_back_to_blocks_of_16_where_the_kernel_needs_it(tiny_bundle, tmp_path):
