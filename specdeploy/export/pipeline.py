@@ -78,9 +78,8 @@ class ExportConfig:
 
     def quantize_options(self):
         """What the quantization step is asked (`precision` decided: see `with_precision`)."""
-        from ..quantization.options import QuantizeOptions
-
         from ..quantization.compute import ComputeOptions
+        from ..quantization.options import QuantizeOptions
 
         return QuantizeOptions(self.precision or "fp32", self.draft_precision, self.verify_precision, self.method,
                                tensorrt=self.backend == "tensorrt", prompts_file=self.prompts_file,
