@@ -238,3 +238,35 @@ def test_weights_of_another_shape_than_the_nodes_are_refused_not_read_past(libra
     node.attribute.append(helper.make_attribute("N", 128))            # the weights hold 64 columns
     with pytest.raises(Exception, match=r"\[N/4, K/32, 64\]"):
         _session(model, library).run(None, {"x": np.zeros((1, 1, 256), np.float32)})
+
+
+def _deb(tmp_path, header: bytes) -> bytes:
+    """A Debian package (ar archive) whose data.tar.xz holds usr/include/onnxruntime/<HEADER>."""
+    import io
+    import tarfile
+
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w:xz") as tar:
+        info = tarfile.TarInfo(f"./usr/include/onnxruntime/{kernels.HEADER}")
+        info.size = len(header)
+        tar.addfile(info, io.BytesIO(header))
+    out = b"!<arch>\n"
+    for name, body in ((b"debian-binary", b"2.0\n"), (b"data.tar.xz", data.getvalue())):
+        out += name.ljust(16) + b"0".ljust(12) + b"0".ljust(6) * 2 + b"100644".ljust(8)
+        out += str(len(body)).encode().ljust(10) + b"`\n" + body + (b"\n" if len(body) % 2 else b"")
+    return out
+
+
+def test_headers_are_taken_from_a_debian_package_checked_by_its_sha256(tmp_path, monkeypatch):
+    import hashlib
+
+    monkeypatch.setenv("SPECDEPLOY_CACHE", str(tmp_path / "cache"))
+    package = tmp_path / "dev.deb"
+    package.write_bytes(_deb(tmp_path, b"/* the API */\n"))
+    digest = hashlib.sha256(package.read_bytes()).hexdigest()
+    with pytest.raises(ConfigError, match="SHA-256"):
+        kernels.fetch_headers(package.as_uri(), "0" * 64)
+    folder = kernels.fetch_headers(package.as_uri(), digest)
+    assert (folder / kernels.HEADER).read_bytes() == b"/* the API */\n"
+    with pytest.raises(ConfigError, match="could not download"):
+        kernels.fetch_headers((tmp_path / "missing.deb").as_uri(), digest)

@@ -56,8 +56,12 @@ def find_include(include: Path | None = None) -> Path | None:
 def fetch_headers(url: str = HEADERS_URL, sha256: str = HEADERS_SHA256) -> Path:
     """ONNX Runtime's headers from Debian's libonnxruntime-dev (a .deb: an ar archive whose
     data.tar.xz holds usr/include/onnxruntime), checked against its SHA-256, into the cache."""
-    with urllib.request.urlopen(url, timeout=120) as response:  # noqa: S310 (a fixed https address)
-        package = response.read()
+    try:
+        with urllib.request.urlopen(url, timeout=120) as response:  # noqa: S310 (a fixed https address)
+            package = response.read()
+    except OSError as exc:
+        raise ConfigError(f"could not download ONNX Runtime's headers from {url} ({exc}); pass --include or "
+                          f"set ORT_INCLUDE_DIR to a folder holding {HEADER}") from None
     if hashlib.sha256(package).hexdigest() != sha256:
         raise ConfigError(f"{url} did not match its SHA-256; fetch it again, or pass --include with "
                           f"a folder holding {HEADER}")
