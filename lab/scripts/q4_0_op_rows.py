@@ -27,7 +27,7 @@ def session(kind: str, pairs: int):
     from onnx import TensorProto, helper
 
     from specdeploy.backends.onnxruntime import session_options
-    from specdeploy.quantization import nbits, q4_0
+    from specdeploy.quantization import nbits, operators, q4_0
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, None, HIDDEN])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
@@ -44,7 +44,7 @@ def session(kind: str, pairs: int):
                 else nbits.matmul_node(model, node, f"w{i}", blocks, 4))
         model.graph.node.append(made)
         current = out
-    q4_0.use_domain(model)
+    operators.use_domain(model)
     options = session_options(operators=("q4_0",) if kind == "q4_0" else ())
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 

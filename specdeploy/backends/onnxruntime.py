@@ -158,19 +158,25 @@ def allocate_kv(manifest: Manifest, layers: range, device: str = "cpu") -> dict:
     }
 
 
-def in_place_weights(bundle: Path, manifest: Manifest, name: str) -> tuple[list[str], list, object]:
-    """(initializer names, OrtValues, the memory holding them) of the weights graph `name`'s kernels
-    read in place every step (Q4_0MatMul's, as quantizing recorded them in the manifest), read from
-    the weights file into huge-page anonymous memory (residency.read_anonymous) and handed to
-    ONNX Runtime as they are, instead of the file mapping ONNX Runtime would make: the same bytes,
-    held once, streamed without a TLB miss every 4 KB."""
-    entries = (manifest.extra.get(IN_PLACE_KEY) or {}).get(name) or []
-    if not entries:
-        return [], [], None
-    region, views = read_anonymous(Path(bundle) / manifest.weights, [(e[1], e[2]) for e in entries])
-    values = [ort.OrtValue.ortvalue_from_numpy(np.frombuffer(view, np.dtype(e[3])).reshape(e[4]))
-              for view, e in zip(views, entries)]
-    return [e[0] for e in entries], values, region
+def in_place_weights(bundle: Path, manifest: Manifest) -> tuple[dict[str, tuple[list, list]], object]:
+    """({graph: (initializer names, OrtValues)}, the memory holding them) for the weights
+    specdeploy's operators read every step, as quantizing recorded them in the manifest: each span
+    of the weights file read once into huge-page anonymous memory (residency.read_anonymous), even
+    where two graphs name it (the tied embedding and the LM head), and handed to ONNX Runtime as it
+    is instead of the file mapping ONNX Runtime would make: the same bytes, held once, streamed
+    without a TLB miss every 4 KB."""
+    table = manifest.extra.get(IN_PLACE_KEY) or {}
+    spans = sorted({(e[1], e[2]) for entries in table.values() for e in entries})
+    if not spans:
+        return {}, None
+    region, views = read_anonymous(Path(bundle) / manifest.weights, spans)
+    view_of = dict(zip(spans, views))
+    weights = {}
+    for graph, entries in table.items():
+        values = [ort.OrtValue.ortvalue_from_numpy(np.frombuffer(view_of[(e[1], e[2])], np.dtype(e[3])).reshape(e[4]))
+                  for e in entries]
+        weights[graph] = ([e[0] for e in entries], values)
+    return weights, region
 
 
 def provider_options(provider: str, bundle: Path) -> list:
@@ -212,11 +218,12 @@ def load_stages(bundle: Path, manifest: Manifest, provider: str | None = None, t
     options = provider_options(provider, bundle) or None
     device = "cpu" if provider == "cpu" else "cuda"
     before = anonymous_regions() if device == "cpu" else None
+    in_place, held = in_place_weights(bundle, manifest)
     stages = {}
     for name, graph in manifest.graphs.items():
         path = Path(bundle) / graph.file
         options_here = session_options(threads, log_severity, graph.precision == "fp8", manifest.operators)
-        names, values, held = in_place_weights(bundle, manifest, name)
+        names, values = in_place.get(name, ([], []))
         for weight, value in zip(names, values):  # used as they are, not copied: they live with the stage
             options_here.add_initializer(weight, value)
         try:
@@ -235,7 +242,7 @@ def load_stages(bundle: Path, manifest: Manifest, provider: str | None = None, t
         trim_heap()
         page_out(bundle)
         stages[name] = OrtStage(name, session, graph, allocate_kv(manifest, graph.layers, device))
-        stages[name].held = (values, held)  # ONNX Runtime reads this memory; it lives with the stage
+        stages[name].held = (values, held)  # ONNX Runtime reads this memory; it lives with the stages
     collapse_new(before)  # what the sessions packed, on 2 MB pages (residency.py)
     if device == "cpu":
         drop_cached(Path(bundle) / manifest.weights)  # a row read later maps one page, not a folio

@@ -1,8 +1,9 @@
-"""specdeploy's own ONNX Runtime operators, built on this machine from `q4_0_matmul.c`.
+"""specdeploy's own ONNX Runtime operators, built on this machine from the C files here.
 
-`Q4_0MatMul` reads int4 weights as GGUF's Q4_0 blocks (4.5 bits a weight) where they lie in the
-mapped weights file, instead of MatMulNBits' packed copy (6 bits a weight, held beside the file):
-fewer bytes a token and no second copy. It is a shared library compiled with this machine's C
+`Q4_0MatMul` (q4_0_matmul.c) reads int4 weights as GGUF's Q4_0 blocks (4.5 bits a weight) and
+`Q8MatMul` (q8_matmul.c) int8 blocks of 32 in MatMulNBits' own layout, both as the weights file
+holds them, instead of MatMulNBits' packed copies (6 bits a weight at 4 bits; a float32 block sum
+beside every 32 bytes at 8): fewer bytes a token and no second copy. It is a shared library compiled with this machine's C
 compiler against ONNX Runtime's C API header (`onnxruntime_c_api.h`, which the onnxruntime wheel
 does not ship): `specdeploy build-kernels` finds the header (`--include`, $ORT_INCLUDE_DIR,
 /usr/include/onnxruntime, or the copy `--fetch-headers` took from Debian's libonnxruntime-dev) and
@@ -23,7 +24,8 @@ from pathlib import Path
 
 from ..errors import ConfigError
 
-SOURCE = Path(__file__).with_name("q4_0_matmul.c")
+HERE = Path(__file__).parent
+SOURCES = ("ops.c", "q4_0_matmul.c", "q8_matmul.c")  # with ops.h
 DOMAIN = "ai.specdeploy"
 Q4_0 = "q4_0"               # the manifest's name for this library's operator
 HEADER = "onnxruntime_c_api.h"
@@ -103,7 +105,8 @@ def _cpu_key() -> str:
 
 def library_path(flags: tuple[str, ...] = FLAGS) -> Path:
     """Where this source, built with `flags` for this CPU, lies once built."""
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode() + _cpu_key().encode()).hexdigest()[:16]
+    text = b"".join((HERE / name).read_bytes() for name in (*SOURCES, "ops.h"))
+    key = hashlib.sha256(text + " ".join(flags).encode() + _cpu_key().encode()).hexdigest()[:16]
     return cache_dir() / "kernels" / key / "libspecdeploy_kernels.so"
 
 
@@ -123,12 +126,13 @@ def build(include: Path | None = None, compiler: str | None = None, flags: tuple
                           "and run `specdeploy build-kernels` again")
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(f".{os.getpid()}.tmp")
-    done = subprocess.run([cc, *flags, f"-I{headers}", str(SOURCE), "-o", str(partial), "-lm"],
+    done = subprocess.run([cc, *flags, f"-I{headers}", *(str(HERE / name) for name in SOURCES), "-o", str(partial),
+                           "-lm"],
                           capture_output=True, text=True)
     if done.returncode != 0:
         partial.unlink(missing_ok=True)
         first = (done.stderr.strip().splitlines() or ["no message"])[0]
-        raise ConfigError(f"compiling {SOURCE.name} failed: {first}")
+        raise ConfigError(f"compiling specdeploy's operators failed: {first}")
     partial.replace(target)
     return target
 
@@ -153,4 +157,4 @@ def build_here(include: Path | None = None, fetch: bool = False) -> str:
     path = build(include)
     form = ctypes.CDLL(str(path))
     form.q4_0_form.restype = ctypes.c_char_p
-    return f"built {path} (Q4_0MatMul, {form.q4_0_form().decode()} form)"
+    return f"built {path} (Q4_0MatMul, Q8MatMul; {form.q4_0_form().decode()} form)"

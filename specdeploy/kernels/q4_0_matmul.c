@@ -4,8 +4,7 @@
  *   qs uint8   [N/4, K/32, 64]  column 4g+c's 16 bytes of block b at [g, b, 16c .. 16c+15];
  *                               byte j holds weight j (low nibble) and weight j+16 (high nibble)
  *   d  float16 [N/4, K/32, 4]   the four columns' scales
- * ONNX Runtime hands these initializers over as they lie in the mapped weights file: no packed
- * copy, and 4.5 bits a weight read per token against MatMulNBits' 6.
+ * No packed copy: 4.5 bits a weight read per token against MatMulNBits' 6.
  *
  * Each row of x is quantized to int8 in blocks of 32 (one float scale a block) and dotted with the
  * unsigned nibbles; the zero point comes off as 8 x the block's int8 sum. Every row runs the same
@@ -13,17 +12,14 @@
  * one-row step (the bundle's row check asserts it). Forms: AVX-512 VNNI, AVX2, plain C; the build
  * takes this machine's (-march=native), so rows agree within one machine, as every kernel's do.
  */
-#include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <onnxruntime_c_api.h>
+#include "ops.h"
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
-#define QK 32
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define WIDE 1  /* AVX-512 VNNI: group_rows */
 #else
@@ -31,7 +27,6 @@
 #endif
 #define GROUPS_PER_TASK 8  /* 32 columns a task of ONNX Runtime's pool */
 
-static const OrtApi *ort;
 
 #if !WIDE
 static float half_to_float(uint16_t h) {
@@ -52,23 +47,6 @@ static float half_to_float(uint16_t h) {
 }
 
 #endif
-
-/* x [K] -> xq [K] int8, xd [K/32] scales, xs [K/32] 8 x each block's int8 sum */
-static void quantize_row(const float *x, int64_t k, int8_t *xq, float *xd, int32_t *xs) {
-    for (int64_t b = 0; b < k / QK; b++) {
-        float amax = 0.0f;
-        for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(x[b * QK + j]));
-        float d = amax / 127.0f, inv = d != 0.0f ? 1.0f / d : 0.0f;
-        int32_t sum = 0;
-        for (int j = 0; j < QK; j++) {
-            int v = (int)lrintf(x[b * QK + j] * inv);
-            xq[b * QK + j] = (int8_t)v;
-            sum += v;
-        }
-        xd[b] = d;
-        xs[b] = 8 * sum;
-    }
-}
 
 typedef struct {
     int64_t m, k, n;
@@ -219,183 +197,34 @@ static void run_task(void *data, size_t task) {
     }
 }
 
-/* ---- the ONNX Runtime custom operator ---- */
-
-typedef struct { int64_t k, n; } Kernel;
-
-#define CHECK(call) do { OrtStatus *status_ = (call); if (status_) return status_; } while (0)
-
-static OrtStatus *fail(const char *message) { return ort->CreateStatus(ORT_INVALID_ARGUMENT, message); }
-
-static OrtStatus *create_kernel(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info, void **out) {
-    (void)op; (void)api;
-    Kernel *kernel = calloc(1, sizeof(Kernel));
-    if (!kernel) return ort->CreateStatus(ORT_FAIL, "Q4_0MatMul: out of memory");
-    OrtStatus *status = ort->KernelInfoGetAttribute_int64(info, "K", &kernel->k);
-    if (!status) status = ort->KernelInfoGetAttribute_int64(info, "N", &kernel->n);
-    if (!status && (kernel->k <= 0 || kernel->k % QK || kernel->n <= 0 || kernel->n % 4))
-        status = fail("Q4_0MatMul: K must be a positive multiple of 32 and N of 4");
-    if (status) { free(kernel); return status; }
-    *out = kernel;
-    return NULL;
-}
-
-/* x's shape, its rows (every axis but the last) and its last axis. */
-static OrtStatus *input_shape(const OrtValue *x, int64_t *dims, size_t *rank, int64_t *rows) {
-    OrtTensorTypeAndShapeInfo *info;
-    CHECK(ort->GetTensorTypeAndShape(x, &info));
-    OrtStatus *status = ort->GetDimensionsCount(info, rank);
-    if (!status && (*rank < 1 || *rank > 8)) status = fail("Q4_0MatMul: x must have 1 to 8 axes");
-    if (!status) status = ort->GetDimensions(info, dims, *rank);
-    ort->ReleaseTensorTypeAndShapeInfo(info);
-    if (status) return status;
-    *rows = 1;
-    for (size_t i = 0; i + 1 < *rank; i++) *rows *= dims[i];
-    return NULL;
-}
-
-static OrtStatus *element_count(const OrtValue *value, size_t *count) {
-    OrtTensorTypeAndShapeInfo *info;
-    CHECK(ort->GetTensorTypeAndShape(value, &info));
-    OrtStatus *status = ort->GetTensorShapeElementCount(info, count);
-    ort->ReleaseTensorTypeAndShapeInfo(info);
-    return status;
-}
-
-static OrtStatus *compute(void *state, OrtKernelContext *context) {
-    const Kernel *kernel = (const Kernel *)state;
-    const OrtValue *x, *qs, *d;
-    CHECK(ort->KernelContext_GetInput(context, 0, &x));
-    CHECK(ort->KernelContext_GetInput(context, 1, &qs));
-    CHECK(ort->KernelContext_GetInput(context, 2, &d));
-    int64_t dims[8], rows;
-    size_t rank;
-    CHECK(input_shape(x, dims, &rank, &rows));
-    if (dims[rank - 1] != kernel->k) return fail("Q4_0MatMul: x's last axis is not the weight's K");
-    size_t qs_count, d_count, blocks = (size_t)(kernel->n / 4) * (size_t)(kernel->k / QK);
-    CHECK(element_count(qs, &qs_count));
-    CHECK(element_count(d, &d_count));
-    if (qs_count != blocks * 64 || d_count != blocks * 4)
-        return fail("Q4_0MatMul: the weights' shapes are not [N/4, K/32, 64] and [N/4, K/32, 4]");
-    dims[rank - 1] = kernel->n;
-    OrtValue *y;
-    CHECK(ort->KernelContext_GetOutput(context, 0, dims, rank, &y));
-    Work w = {.m = rows, .k = kernel->k, .n = kernel->n};
-    void *p;
-    CHECK(ort->GetTensorMutableData((OrtValue *)x, &p));
-    const float *xf = p;
-    CHECK(ort->GetTensorMutableData((OrtValue *)qs, &p));
-    w.qs = p;
-    CHECK(ort->GetTensorMutableData((OrtValue *)d, &p));
-    w.d = p;
-    CHECK(ort->GetTensorMutableData(y, &p));
-    w.y = p;
+static OrtStatus *compute(const Kernel *kernel, OrtKernelContext *context) {
+    const float *x;
+    float *y;
+    int64_t rows, nb = kernel->k / QK;
+    size_t blocks = (size_t)(kernel->n / 4) * (size_t)nb;
+    const void *qs, *d;
+    CHECK(input_and_output(kernel, context, &x, &rows, &y));
+    CHECK(weight(context, 1, blocks * 64, &qs));
+    CHECK(weight(context, 2, blocks * 4, &d));
     if (rows == 0) return NULL;
-    int64_t nb = kernel->k / QK;
-    int8_t *xq = malloc((size_t)rows * kernel->k);
-    float *xd = malloc(sizeof(float) * rows * nb);
-    int32_t *xs = malloc(sizeof(int32_t) * rows * nb);
-    OrtStatus *status = NULL;
-    if (!xq || !xd || !xs) status = ort->CreateStatus(ORT_FAIL, "Q4_0MatMul: out of memory");
-    if (!status) {
-        for (int64_t r = 0; r < rows; r++)
-            quantize_row(xf + (size_t)r * kernel->k, kernel->k, xq + (size_t)r * kernel->k, xd + r * nb, xs + r * nb);
-        w.xq = xq; w.xd = xd; w.xs = xs;
-        size_t tasks = (size_t)((kernel->n / 4 + GROUPS_PER_TASK - 1) / GROUPS_PER_TASK);
-        status = ort->KernelContext_ParallelFor(context, run_task, tasks, 0, &w);
-    }
-    free(xq); free(xd); free(xs);
+    Rows q;
+    if (quantized_rows(x, rows, kernel->k, 8, &q)) return ort->CreateStatus(ORT_FAIL, "Q4_0MatMul: out of memory");
+    Work w = {.m = rows, .k = kernel->k, .n = kernel->n, .qs = qs, .d = d, .xq = q.xq, .xd = q.xd, .xs = q.xs, .y = y};
+    size_t tasks = (size_t)((kernel->n / 4 + GROUPS_PER_TASK - 1) / GROUPS_PER_TASK);
+    OrtStatus *status = ort->KernelContext_ParallelFor(context, run_task, tasks, 0, &w);
+    free_rows(&q);
     return status;
 }
 
-static void destroy_kernel(void *state) { free(state); }
-static const char *op_name(const OrtCustomOp *op) { (void)op; return "Q4_0MatMul"; }
-static const char *op_provider(const OrtCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
-static size_t input_count(const OrtCustomOp *op) { (void)op; return 3; }
-static size_t output_count(const OrtCustomOp *op) { (void)op; return 1; }
-
-static ONNXTensorElementDataType input_type(const OrtCustomOp *op, size_t index) {
-    (void)op;
-    static const ONNXTensorElementDataType types[3] = {
-        ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16};
-    return index < 3 ? types[index] : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-}
-
-static ONNXTensorElementDataType output_type(const OrtCustomOp *op, size_t index) {
-    (void)op; (void)index;
-    return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-}
-
-static OrtCustomOpInputOutputCharacteristic required(const OrtCustomOp *op, size_t index) {
-    (void)op; (void)index;
-    return INPUT_OUTPUT_REQUIRED;
-}
-
-static OrtMemType memory_type(const OrtCustomOp *op, size_t index) { (void)op; (void)index; return OrtMemTypeDefault; }
-static int one(const OrtCustomOp *op) { (void)op; return 1; }
-static int first_version(const OrtCustomOp *op) { (void)op; return 1; }
-static int last_version(const OrtCustomOp *op) { (void)op; return 1 << 30; }
-
-static OrtCustomOp op;
-static OrtCustomOpDomain *domain;
-
-/* Called by ONNX Runtime (SessionOptions.register_custom_ops_library) for each session's options;
- * the domain is made once and lives as long as the process. */
-OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *base) {
-    /* the newest API both know; what this file calls is all in 17 (ONNX Runtime 1.17) */
-    static uint32_t version = ORT_API_VERSION;
-    for (; !ort && version >= 17; version--) {
-        ort = base->GetApi(version);
-        if (ort) break;
-    }
-    if (!ort) return NULL;  /* older than 1.17: the session then names Q4_0MatMul as unknown */
-    if (!domain) {
-        op.version = version;
-        op.GetName = op_name;
-        op.GetExecutionProviderType = op_provider;
-        op.GetInputType = input_type;
-        op.GetInputTypeCount = input_count;
-        op.GetOutputType = output_type;
-        op.GetOutputTypeCount = output_count;
-        op.GetInputCharacteristic = required;
-        op.GetOutputCharacteristic = required;
-        op.GetInputMemoryType = memory_type;
-        op.GetVariadicInputMinArity = one;
-        op.GetVariadicInputHomogeneity = one;
-        op.GetVariadicOutputMinArity = one;
-        op.GetVariadicOutputHomogeneity = one;
-        op.CreateKernelV2 = create_kernel;
-        op.KernelComputeV2 = compute;
-        op.KernelDestroy = destroy_kernel;
-        op.GetStartVersion = first_version;
-        op.GetEndVersion = last_version;
-        CHECK(ort->CreateCustomOpDomain("ai.specdeploy", &domain));
-        CHECK(ort->CustomOpDomain_Add(domain, &op));
-    }
-    return ort->AddCustomOpDomain(options, domain);
-}
+SpecOp q4_0_op = {.name = "Q4_0MatMul", .column_multiple = 4, .compute = compute,
+                  .weights = {ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16}};
 
 /* The same product outside ONNX Runtime, one thread, for tests and the lab: 0, or -1 out of memory. */
 int q4_0_matmul(const float *x, int64_t m, int64_t k, const uint8_t *qs, const uint16_t *d, int64_t n, float *y) {
-    int64_t nb = k / QK;
-    int8_t *xq = malloc((size_t)(m ? m : 1) * k);
-    float *xd = malloc(sizeof(float) * (m ? m : 1) * nb);
-    int32_t *xs = malloc(sizeof(int32_t) * (m ? m : 1) * nb);
-    if (!xq || !xd || !xs) { free(xq); free(xd); free(xs); return -1; }
-    for (int64_t r = 0; r < m; r++) quantize_row(x + (size_t)r * k, k, xq + (size_t)r * k, xd + r * nb, xs + r * nb);
-    Work w = {.m = m, .k = k, .n = n, .qs = qs, .d = d, .xq = xq, .xd = xd, .xs = xs, .y = y};
+    Rows q;
+    if (quantized_rows(x, m, k, 8, &q)) return -1;
+    Work w = {.m = m, .k = k, .n = n, .qs = qs, .d = d, .xq = q.xq, .xd = q.xd, .xs = q.xs, .y = y};
     for (size_t t = 0; t < (size_t)((n / 4 + GROUPS_PER_TASK - 1) / GROUPS_PER_TASK); t++) run_task(&w, t);
-    free(xq); free(xd); free(xs);
+    free_rows(&q);
     return 0;
-}
-
-/* Which form this build computes with, for logs and the row check's record. */
-const char *q4_0_form(void) {
-#if WIDE
-    return "avx512-vnni";
-#elif defined(__AVX2__) && defined(__FMA__)
-    return "avx2";
-#else
-    return "c";
-#endif
 }

@@ -170,7 +170,8 @@ def quantize_graph(src: Path, dst: Path, precision: str, method: str = "rtn", in
             chosen = FORMS["int8"]  # a GGUF's own head blocks still carry as they are
         if method != "ort":
             carried = _own_blocks(model, chosen, "absmax" if method == "rtn" else method, index, outliers, grams,
-                                  fold=not options.exact_offsets, q4_0=options.int4_kernel == "q4_0")
+                                  fold=not options.exact_offsets,
+                                  q4_0=options.int4_kernel == "q4_0" and precision == "int4")
         materialize(model)
     if method == "ort":
         quantizer = mnb.MatMulNBitsQuantizer(model, algo_config=_algo_config(chosen, method),
@@ -215,7 +216,7 @@ def _own_blocks(model, form: ComputeForm, method: str, index=None, outliers: dic
     `grams`: activation -> Xᵀ X over the calibration text, for GPTQ (gptq.py), or a function
     returning them (called only for a weight that does not carry); `fold`: float
     offsets folded into the MatMulNBits (folding.py) rather than an exact term beside it; `q4_0`:
-    blocks that Q4_0MatMul computes exactly (q4_0.takes) go to it."""
+    blocks that Q4_0MatMul or Q8MatMul computes exactly (q4_0.takes, q8.takes) go to them."""
     inits = {t.name: t for t in model.graph.initializer}
     nodes, carried, shared = [], 0, {"sums": {}, "outliers": {}, "joined": {}, "fold": fold, "q4_0": q4_0}
     for node in model.graph.node:
@@ -231,10 +232,10 @@ def _own_blocks(model, form: ComputeForm, method: str, index=None, outliers: dic
     set_nodes(model, nodes)
     use_ms_domain(model)
     if q4_0:
-        from . import q4_0 as q4_0_form
+        from . import operators
 
-        if q4_0_form.uses(model):
-            q4_0_form.use_domain(model)
+        if operators.uses(model):
+            operators.use_domain(model)
     return carried
 
 
@@ -244,12 +245,14 @@ def _compute_nodes(model, node, weight: str, blocks, channels, shared: dict) -> 
     values', which the folded zero points would change)."""
     from . import folding, nbits, outliers
 
-    from . import q4_0
+    from . import q4_0, q8
 
     x, out = node.input[0], node.output[0]
     with_offsets = blocks.offsets is not None
     if channels is None and shared["q4_0"] and q4_0.takes(blocks):
         return [q4_0.matmul_node(model, node, weight, blocks)]
+    if channels is None and shared["q4_0"] and q8.takes(blocks):
+        return [q8.matmul_node(model, node, weight, blocks)]
     if channels is None and not with_offsets:
         return [nbits.matmul_node(model, node, weight, blocks, ACCURACY_LEVEL)]
     if channels is None and shared["fold"]:
@@ -319,16 +322,17 @@ def _tied_head_blocks(head: Path, table):
     import onnx
     from onnx import numpy_helper
 
-    from . import nbits
+    from . import nbits, q8
 
     model = onnx.load(str(head))
     inits = {t.name: t for t in model.graph.initializer}
     for node in model.graph.node:
         attrs = node_attrs(node)
-        if node.op_type != "MatMulNBits" or attrs.get("N") != table.shape[0] or len(node.input) > 3:
+        if node.op_type not in ("MatMulNBits", q8.OP) or attrs.get("N") != table.shape[0] or len(node.input) > 3:
             continue
+        bits, block = (attrs["bits"], attrs["block_size"]) if node.op_type == "MatMulNBits" else (8, q8.BLOCK)
         blocks = nbits.unpack(numpy_helper.to_array(inits[node.input[1]]),
-                              numpy_helper.to_array(inits[node.input[2]]), attrs["bits"], attrs["block_size"])
+                              numpy_helper.to_array(inits[node.input[2]]), bits, block)
         # tied: the head's blocks quantize this very table (4-bit relative error ~0.1; an untied
         # head's weights are unrelated, error ~1.4), told apart on the first TIED_ROWS tokens' rows
         rows = slice(0, min(TIED_ROWS, table.shape[0]))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels import DOMAIN, Q4_0 as NAME  # noqa: F401 (NAME: the manifest's word for it)
+from ..kernels import DOMAIN
 from .nbits import Blocks
 
 OP = "Q4_0MatMul"
@@ -62,45 +62,3 @@ def matmul_node(model, node, weight_name: str, blocks: Blocks, output: str | Non
     n, nb, _ = blocks.q.shape
     return helper.make_node(OP, [input or node.input[0], q_name, d_name], [output] if output else list(node.output),
                             name=node.name + ".q4_0", domain=DOMAIN, K=nb * BLOCK, N=n)
-
-
-def uses(model) -> bool:
-    """Whether an ONNX model holds a Q4_0MatMul."""
-    return any(n.op_type == OP and n.domain == DOMAIN for n in model.graph.node)
-
-
-def count(graph) -> int:
-    """How many Q4_0MatMul the ONNX file `graph` holds."""
-    import onnx
-
-    model = onnx.load(str(graph), load_external_data=False)
-    return sum(n.op_type == OP and n.domain == DOMAIN for n in model.graph.node)
-
-
-def use_domain(model) -> None:
-    """Declare the operator's domain, once."""
-    from onnx import helper
-
-    if not any(o.domain == DOMAIN for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
-
-
-def in_place_table(bundle, graphs) -> dict[str, list]:
-    """graph -> [name, offset, length, dtype, shape] of each Q4_0MatMul initializer in the shared
-    weights file: what the runtime reads into huge-page memory and hands ONNX Runtime (backends)."""
-    import onnx
-    from onnx import helper
-
-    table = {}
-    for name, graph in graphs.items():
-        model = onnx.load(str(bundle / graph.file), load_external_data=False)
-        read = {i for n in model.graph.node if n.op_type == OP and n.domain == DOMAIN for i in n.input[1:]}
-        rows = []
-        for tensor in model.graph.initializer:
-            place = {e.key: e.value for e in tensor.external_data}
-            if tensor.name in read and "offset" in place:
-                dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).name
-                rows.append([tensor.name, int(place["offset"]), int(place["length"]), dtype, list(tensor.dims)])
-        if rows:
-            table[name] = rows
-    return table

@@ -100,7 +100,7 @@ def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str,
     """Each graph quantized into `tmp` (the tied embedding too); (files by stem, counts per graph: weights
     carried from the GGUF, offsets folded, layers with fused attention, float outlier channels)."""
     from .folding import folded_count
-    from .q4_0 import count as q4_0_count
+    from .operators import count as own_count
 
     files, carried, folded, fused, padded, found = {}, {}, {}, {}, {}, calibration.outliers
     context = manifest.max_context if fuse_attention else None
@@ -125,8 +125,8 @@ def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str,
                 f"inputs in float" if channels else "")
         two = (f"; {padded[name]} matmuls handed a padded second row (a one-row int4 call is another "
                f"kernel without VNNI)" if padded[name] else "")
-        in_place = q4_0_count(dst) if plan[name] == "int4" and options.int4_kernel == "q4_0" else 0
-        two += f"; {in_place} matmuls by Q4_0MatMul (read in place)" if in_place else ""
+        in_place = own_count(dst) if plan[name] == "int4" and options.int4_kernel == "q4_0" else 0
+        two += f"; {in_place} matmuls by specdeploy's operators (read in place)" if in_place else ""
         nearest = (f"; rounded to nearest, not by GPTQ: {calibration.unrounded[name]} (more memory, or the "
                    f"model's GGUF with its blocks carried, avoids this)" if name in calibration.unrounded else "")
         echo(f"{name}: {plan[name]}{blocks}{_carried(carried[name], folded[name])}{kept}{two}{nearest}")
@@ -213,7 +213,7 @@ def quantize_bundle(bundle: Path, options: QuantizeOptions, texts: list[str] | N
     operators = _operators(bundle, graphs)
     if operators:
         from ..backends.onnxruntime import IN_PLACE_KEY
-        from .q4_0 import in_place_table
+        from .operators import in_place_table
 
         extra[IN_PLACE_KEY] = in_place_table(bundle, graphs)
     seal(bundle, manifest.replace(graphs=graphs, precision=options.label(plan), extra=extra,
@@ -224,12 +224,9 @@ def quantize_bundle(bundle: Path, options: QuantizeOptions, texts: list[str] | N
 
 def _operators(bundle: Path, graphs: dict) -> tuple[str, ...]:
     """specdeploy's own operators the quantized graphs use, for the runtime to register."""
-    import onnx
+    from .operators import names
 
-    from . import q4_0
-
-    uses = any(q4_0.uses(onnx.load(str(bundle / g.file), load_external_data=False)) for g in graphs.values())
-    return (q4_0.NAME,) if uses else ()
+    return names(bundle, graphs)
 
 
 def _extra(extra: dict, counts: dict[str, dict[str, int]], bundle: Path, graphs: dict, plan: dict,

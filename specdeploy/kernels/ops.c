@@ -1,0 +1,198 @@
+/* ONNX Runtime's side of specdeploy's operators (domain ai.specdeploy): registration, kernel state,
+ * shapes, and activation rows quantized to int8 per block of 32 as every operator reads them. */
+#include "ops.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+const OrtApi *ort;
+
+OrtStatus *fail(const char *message) { return ort->CreateStatus(ORT_INVALID_ARGUMENT, message); }
+
+/* x [K] -> xq [K] int8, xd [K/32] scales, xs [K/32] zero x each block's int8 sum */
+static void quantize_row(const float *x, int64_t k, int32_t zero, int8_t *xq, float *xd, int32_t *xs) {
+    for (int64_t b = 0; b < k / QK; b++) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(x[b * QK + j]));
+        float d = amax / 127.0f, inv = d != 0.0f ? 1.0f / d : 0.0f;
+        int32_t sum = 0;
+        for (int j = 0; j < QK; j++) {
+            int v = (int)lrintf(x[b * QK + j] * inv);
+            xq[b * QK + j] = (int8_t)v;
+            sum += v;
+        }
+        xd[b] = d;
+        xs[b] = zero * sum;
+    }
+}
+
+int quantized_rows(const float *x, int64_t m, int64_t k, int32_t zero, Rows *out) {
+    int64_t nb = k / QK, rows = m ? m : 1;
+    out->xq = malloc((size_t)rows * k);
+    out->xd = malloc(sizeof(float) * rows * nb);
+    out->xs = malloc(sizeof(int32_t) * rows * nb);
+    if (!out->xq || !out->xd || !out->xs) {
+        free_rows(out);
+        return -1;
+    }
+    for (int64_t r = 0; r < m; r++)
+        quantize_row(x + (size_t)r * k, k, zero, out->xq + (size_t)r * k, out->xd + r * nb, out->xs + r * nb);
+    return 0;
+}
+
+void free_rows(Rows *rows) {
+    free(rows->xq); free(rows->xd); free(rows->xs);
+    rows->xq = NULL; rows->xd = NULL; rows->xs = NULL;
+}
+
+static OrtStatus *element_count(const OrtValue *value, size_t *count) {
+    OrtTensorTypeAndShapeInfo *info;
+    CHECK(ort->GetTensorTypeAndShape(value, &info));
+    OrtStatus *status = ort->GetTensorShapeElementCount(info, count);
+    ort->ReleaseTensorTypeAndShapeInfo(info);
+    return status;
+}
+
+OrtStatus *input_and_output(const Kernel *kernel, OrtKernelContext *context, const float **x, int64_t *rows,
+                            float **y) {
+    const OrtValue *input;
+    CHECK(ort->KernelContext_GetInput(context, 0, &input));
+    OrtTensorTypeAndShapeInfo *info;
+    CHECK(ort->GetTensorTypeAndShape(input, &info));
+    int64_t dims[8];
+    size_t rank;
+    OrtStatus *status = ort->GetDimensionsCount(info, &rank);
+    if (!status && (rank < 1 || rank > 8)) status = fail("specdeploy operator: x must have 1 to 8 axes");
+    if (!status) status = ort->GetDimensions(info, dims, rank);
+    ort->ReleaseTensorTypeAndShapeInfo(info);
+    if (status) return status;
+    if (dims[rank - 1] != kernel->k) return fail("specdeploy operator: x's last axis is not the weight's K");
+    *rows = 1;
+    for (size_t i = 0; i + 1 < rank; i++) *rows *= dims[i];
+    dims[rank - 1] = kernel->n;
+    OrtValue *output;
+    CHECK(ort->KernelContext_GetOutput(context, 0, dims, rank, &output));
+    void *p;
+    CHECK(ort->GetTensorMutableData((OrtValue *)input, &p));
+    *x = p;
+    CHECK(ort->GetTensorMutableData(output, &p));
+    *y = p;
+    return NULL;
+}
+
+OrtStatus *weight(OrtKernelContext *context, size_t index, size_t count, const void **data) {
+    const OrtValue *value;
+    CHECK(ort->KernelContext_GetInput(context, index, &value));
+    size_t have;
+    CHECK(element_count(value, &have));
+    if (have != count) return fail("specdeploy operator: a weight's shape does not match the node's K and N");
+    void *p;
+    CHECK(ort->GetTensorMutableData((OrtValue *)value, &p));
+    *data = p;
+    return NULL;
+}
+
+/* ---- callbacks, the same for every SpecOp ---- */
+
+static const SpecOp *spec(const OrtCustomOp *op) { return (const SpecOp *)op; }
+
+static OrtStatus *create_kernel(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info, void **out) {
+    (void)api;
+    Kernel *kernel = calloc(1, sizeof(Kernel));
+    if (!kernel) return ort->CreateStatus(ORT_FAIL, "specdeploy operator: out of memory");
+    kernel->op = spec(op);
+    OrtStatus *status = ort->KernelInfoGetAttribute_int64(info, "K", &kernel->k);
+    if (!status) status = ort->KernelInfoGetAttribute_int64(info, "N", &kernel->n);
+    if (!status && (kernel->k <= 0 || kernel->k % QK || kernel->n <= 0 || kernel->n % kernel->op->column_multiple))
+        status = fail("specdeploy operator: K must be a positive multiple of 32, and N of the operator's column group");
+    if (status) { free(kernel); return status; }
+    *out = kernel;
+    return NULL;
+}
+
+static OrtStatus *compute(void *state, OrtKernelContext *context) {
+    const Kernel *kernel = state;
+    return kernel->op->compute(kernel, context);
+}
+
+static void destroy_kernel(void *state) { free(state); }
+static const char *op_name(const OrtCustomOp *op) { return spec(op)->name; }
+static const char *op_provider(const OrtCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
+static size_t input_count(const OrtCustomOp *op) { (void)op; return 3; }
+static size_t output_count(const OrtCustomOp *op) { (void)op; return 1; }
+
+static ONNXTensorElementDataType input_type(const OrtCustomOp *op, size_t index) {
+    if (index == 0) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    return index < 3 ? spec(op)->weights[index - 1] : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+}
+
+static ONNXTensorElementDataType output_type(const OrtCustomOp *op, size_t index) {
+    (void)op; (void)index;
+    return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+}
+
+static OrtCustomOpInputOutputCharacteristic required(const OrtCustomOp *op, size_t index) {
+    (void)op; (void)index;
+    return INPUT_OUTPUT_REQUIRED;
+}
+
+static OrtMemType memory_type(const OrtCustomOp *op, size_t index) { (void)op; (void)index; return OrtMemTypeDefault; }
+static int one(const OrtCustomOp *op) { (void)op; return 1; }
+static int first_version(const OrtCustomOp *op) { (void)op; return 1; }
+static int last_version(const OrtCustomOp *op) { (void)op; return 1 << 30; }
+
+static void fill(SpecOp *op, uint32_t version) {
+    OrtCustomOp *base = &op->base;
+    base->version = version;
+    base->GetName = op_name;
+    base->GetExecutionProviderType = op_provider;
+    base->GetInputType = input_type;
+    base->GetInputTypeCount = input_count;
+    base->GetOutputType = output_type;
+    base->GetOutputTypeCount = output_count;
+    base->GetInputCharacteristic = required;
+    base->GetOutputCharacteristic = required;
+    base->GetInputMemoryType = memory_type;
+    base->GetVariadicInputMinArity = one;
+    base->GetVariadicInputHomogeneity = one;
+    base->GetVariadicOutputMinArity = one;
+    base->GetVariadicOutputHomogeneity = one;
+    base->CreateKernelV2 = create_kernel;
+    base->KernelComputeV2 = compute;
+    base->KernelDestroy = destroy_kernel;
+    base->GetStartVersion = first_version;
+    base->GetEndVersion = last_version;
+}
+
+static OrtCustomOpDomain *domain;
+
+/* Called by ONNX Runtime (SessionOptions.register_custom_ops_library) for each session's options;
+ * the domain is made once and lives as long as the process. */
+OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *base) {
+    /* the newest API both know; what these files call is all in 17 (ONNX Runtime 1.17) */
+    static uint32_t version = ORT_API_VERSION;
+    for (; !ort && version >= 17; version--) {
+        ort = base->GetApi(version);
+        if (ort) break;
+    }
+    if (!ort) return NULL;  /* older than 1.17: the session then names the operators as unknown */
+    if (!domain) {
+        fill(&q4_0_op, version);
+        fill(&q8_op, version);
+        CHECK(ort->CreateCustomOpDomain("ai.specdeploy", &domain));
+        CHECK(ort->CustomOpDomain_Add(domain, &q4_0_op.base));
+        CHECK(ort->CustomOpDomain_Add(domain, &q8_op.base));
+    }
+    return ort->AddCustomOpDomain(options, domain);
+}
+
+/* Which form this build computes with (every operator's alike), for logs and tests. */
+const char *q4_0_form(void) {
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    return "avx512-vnni";
+#elif defined(__AVX2__) && defined(__FMA__)
+    return "avx2";
+#else
+    return "c";
+#endif
+}

@@ -1,0 +1,42 @@
+/* What specdeploy's ONNX Runtime operators share (ops.c): the API, activation rows quantized to
+ * int8 per block of 32, and the glue every operator's compute calls. Each operator is a SpecOp:
+ * ONNX Runtime's OrtCustomOp first, then its name, its two weight inputs' types, what N must be a
+ * multiple of, and its product. */
+#ifndef SPECDEPLOY_OPS_H
+#define SPECDEPLOY_OPS_H
+
+#include <stdint.h>
+
+#include <onnxruntime_c_api.h>
+
+#define QK 32
+#define CHECK(call) do { OrtStatus *status_ = (call); if (status_) return status_; } while (0)
+
+extern const OrtApi *ort;
+
+typedef struct Kernel Kernel;
+typedef struct {
+    OrtCustomOp base;  /* first: ONNX Runtime hands this pointer back to every callback */
+    const char *name;
+    ONNXTensorElementDataType weights[2];
+    int64_t column_multiple;
+    OrtStatus *(*compute)(const Kernel *kernel, OrtKernelContext *context);
+} SpecOp;
+struct Kernel { int64_t k, n; const SpecOp *op; };
+
+extern SpecOp q4_0_op, q8_op;
+
+/* Activation rows as int8 blocks of 32: xq [M, K], xd [M, K/32] scales, xs [M, K/32] zero x each
+ * block's int8 sum (the unsigned weights' zero point comes off as that). */
+typedef struct { int8_t *xq; float *xd; int32_t *xs; } Rows;
+int quantized_rows(const float *x, int64_t m, int64_t k, int32_t zero, Rows *out);  /* 0, or -1: no memory */
+void free_rows(Rows *rows);
+
+OrtStatus *fail(const char *message);
+/* x (input 0) and its rows, and y [.., N] made with x's leading axes */
+OrtStatus *input_and_output(const Kernel *kernel, OrtKernelContext *context, const float **x, int64_t *rows,
+                            float **y);
+/* weight input `index`'s data, refused unless it holds `count` elements */
+OrtStatus *weight(OrtKernelContext *context, size_t index, size_t count, const void **data);
+
+#endif

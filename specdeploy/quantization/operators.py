@@ -1,0 +1,65 @@
+"""What a bundle's graphs hold of specdeploy's own operators (kernels/): whether and how many, the
+domain declared, and the weights they read in place, for the manifest."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..kernels import DOMAIN, Q4_0 as NAME
+
+
+def uses(model) -> bool:
+    """Whether an ONNX model holds any of specdeploy's operators."""
+    return any(n.domain == DOMAIN for n in model.graph.node)
+
+
+def count(graph: Path) -> int:
+    """How many of specdeploy's operators the ONNX file `graph` holds."""
+    import onnx
+
+    model = onnx.load(str(graph), load_external_data=False)
+    return sum(n.domain == DOMAIN for n in model.graph.node)
+
+
+def use_domain(model) -> None:
+    """Declare the operators' domain, once."""
+    from onnx import helper
+
+    if not any(o.domain == DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+
+
+def names(bundle: Path, graphs: dict) -> tuple[str, ...]:
+    """The manifest's `operators`: the library the graphs need, or none."""
+    import onnx
+
+    used = any(uses(onnx.load(str(bundle / g.file), load_external_data=False)) for g in graphs.values())
+    return (NAME,) if used else ()
+
+
+def in_place_table(bundle: Path, graphs: dict) -> dict[str, list]:
+    """graph -> [name, offset, length, dtype, shape] of each initializer holding bytes that one of
+    specdeploy's operators reads (in any graph: the draft graph's tied embedding shares the LM head's),
+    in the shared weights file: what the runtime reads once into huge-page memory and hands ONNX
+    Runtime (backends/onnxruntime.in_place_weights)."""
+    import onnx
+    from onnx import helper
+
+    models = {name: onnx.load(str(bundle / g.file), load_external_data=False) for name, g in graphs.items()}
+    places = {name: {t.name: {e.key: e.value for e in t.external_data} for t in m.graph.initializer}
+              for name, m in models.items()}
+    read = {(int(places[name][i]["offset"]), int(places[name][i]["length"]))
+            for name, m in models.items() for n in m.graph.node if n.domain == DOMAIN
+            for i in n.input[1:] if "offset" in places[name].get(i, {})}
+    table = {}
+    for name, model in models.items():
+        rows = []
+        for tensor in model.graph.initializer:
+            place = places[name][tensor.name]
+            if "offset" in place and (int(place["offset"]), int(place["length"])) in read:
+                dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).name
+                rows.append([tensor.name, int(place["offset"]), int(place["length"]), dtype, list(tensor.dims)])
+        if rows:
+            table[name] = rows
+    return table
