@@ -211,6 +211,7 @@ def test_an_int4_bundle_by_the_operator_is_exact_and_names_it(q4_0_bundle):
     assert {"draft", "verify", "head"} <= set(in_place)
     assert all(0 <= offset and offset + length <= size for rows in in_place.values() for _, offset, length, _, _ in rows)
     assert any("matmuls by specdeploy's operators (read in place)" in line for line in lines)
+    assert any(line.startswith("head:") and "1 matmul by specdeploy's operators" in line for line in lines)
     for name, op in (("draft", q4_0.OP), ("verify", q4_0.OP), ("head", q8.OP)):   # the LM head at 8 bits
         ops = [n.op_type for n in onnx.load(str(bundle / manifest.graphs[name].file)).graph.node]
         assert op in ops and "MatMulNBits" not in ops

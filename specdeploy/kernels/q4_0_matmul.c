@@ -106,10 +106,10 @@ static void group_row(const Work *w, int64_t g, int64_t r) {
 #endif
 
 /* y[r, 4g .. 4g+4*groups-1] for `groups` (1 or 2) groups of four columns and rows r0 .. r0+count-1
- * (count <= TILE): each block's weights are loaded and unpacked once for the tile's rows, each
+ * (count <= TILE, or <= 4 with two groups): each block's weights are loaded and unpacked once for the tile's rows, each
  * row's activations broadcast once for its groups, and each (row, column) sum runs the same
  * instructions in the same order as alone, so a row's result does not depend on the tile. */
-#define TILE 4
+#define TILE 8  /* rows a tile holds: a verify pass's rows in one sweep over the weights */
 #if WIDE
 /* Inlined for each constant count and groups, so that the tile's sums stay in registers. */
 static inline __attribute__((always_inline)) void tile_rows(const Work *w, int64_t g, int64_t r0, const int count,
@@ -164,7 +164,7 @@ static inline __attribute__((always_inline)) void tile_rows(const Work *w, int64
 /* Groups g .. g+groups-1 (1 or 2) for rows r0 .. r0+count-1. */
 static void group_rows(const Work *w, int64_t g, int groups, int64_t r0, int count) {
 #if WIDE
-    if (groups == 2) {
+    if (groups == 2) {  /* count <= 4: sixteen sums in registers */
         switch (count) {
             case 1: tile_rows(w, g, r0, 1, 2); break;
             case 2: tile_rows(w, g, r0, 2, 2); break;
@@ -177,7 +177,11 @@ static void group_rows(const Work *w, int64_t g, int groups, int64_t r0, int cou
         case 1: tile_rows(w, g, r0, 1, 1); break;
         case 2: tile_rows(w, g, r0, 2, 1); break;
         case 3: tile_rows(w, g, r0, 3, 1); break;
-        default: tile_rows(w, g, r0, 4, 1); break;
+        case 4: tile_rows(w, g, r0, 4, 1); break;
+        case 5: tile_rows(w, g, r0, 5, 1); break;
+        case 6: tile_rows(w, g, r0, 6, 1); break;
+        case 7: tile_rows(w, g, r0, 7, 1); break;
+        default: tile_rows(w, g, r0, 8, 1); break;
     }
 #else
     for (int j = 0; j < groups; j++)
@@ -189,11 +193,13 @@ static void run_task(void *data, size_t task) {
     const Work *w = (const Work *)data;
     int64_t groups = w->n / 4, first = (int64_t)task * GROUPS_PER_TASK;
     int64_t last = first + GROUPS_PER_TASK < groups ? first + GROUPS_PER_TASK : groups;
-    /* one group at a time for one row (one weight stream: measured faster), two for more rows */
-    const int64_t step = w->m > 1 ? 2 : 1;
-    for (int64_t g = first; g < last; g += step) {
-        int groups = g + 1 < last && step == 2 ? 2 : 1;
-        for (int64_t r = 0; r < w->m; r += TILE) group_rows(w, g, groups, r, w->m - r < TILE ? (int)(w->m - r) : TILE);
+    if (w->m <= TILE) {  /* decoding, a verify pass: every row in one sweep, one weight stream */
+        for (int64_t g = first; g < last; g++) group_rows(w, g, 1, 0, (int)w->m);
+        return;
+    }
+    for (int64_t g = first; g < last; g += 2) {  /* a prefill chunk: tiles of 4 rows x 2 column groups */
+        int groups = g + 1 < last ? 2 : 1;
+        for (int64_t r = 0; r < w->m; r += 4) group_rows(w, g, groups, r, w->m - r < 4 ? (int)(w->m - r) : 4);
     }
 }
 

@@ -18,7 +18,7 @@
 #endif
 
 #define COLUMNS_PER_TASK 64
-#define TILE 4
+#define TILE 8  /* rows a tile holds: a verify pass's rows in one sweep over the weights */
 
 typedef struct {
     int64_t m, k, n;
@@ -64,7 +64,11 @@ static void rows_of(const Work *w, int64_t col, int64_t r0, int count) {
         case 1: tile(w, col, r0, 1); break;
         case 2: tile(w, col, r0, 2); break;
         case 3: tile(w, col, r0, 3); break;
-        default: tile(w, col, r0, 4); break;
+        case 4: tile(w, col, r0, 4); break;
+        case 5: tile(w, col, r0, 5); break;
+        case 6: tile(w, col, r0, 6); break;
+        case 7: tile(w, col, r0, 7); break;
+        default: tile(w, col, r0, 8); break;
     }
 }
 #else

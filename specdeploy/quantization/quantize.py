@@ -126,7 +126,8 @@ def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str,
         two = (f"; {padded[name]} matmuls handed a padded second row (a one-row int4 call is another "
                f"kernel without VNNI)" if padded[name] else "")
         in_place = own_count(dst) if plan[name] == "int4" and options.int4_kernel == "q4_0" else 0
-        two += f"; {in_place} matmuls by specdeploy's operators (read in place)" if in_place else ""
+        two += (f"; {in_place} matmul{'s' if in_place > 1 else ''} by specdeploy's operators (read in place)"
+                if in_place else "")
         nearest = (f"; rounded to nearest, not by GPTQ: {calibration.unrounded[name]} (more memory, or the "
                    f"model's GGUF with its blocks carried, avoids this)" if name in calibration.unrounded else "")
         echo(f"{name}: {plan[name]}{blocks}{_carried(carried[name], folded[name])}{kept}{two}{nearest}")
