@@ -1,6 +1,9 @@
-"""specdeploy's Q4_0MatMul against MatMulNBits inside ONNX Runtime, by rows a call, same weights.
+"""specdeploy's Q4_0MatMul (or Q8MatMul) against MatMulNBits inside ONNX Runtime, by rows a call.
 
-    python lab/scripts/q4_0_op_rows.py [--pairs 14] [--rows 1,5,16,64] [--repeats 10]
+    python lab/scripts/q4_0_op_rows.py [--pairs 14] [--rows 1,5,16,64] [--repeats 10] [--head]
+
+--head: instead, a 1.5B model's 8-bit LM head (1,536 -> 151,936, 233 MB) as Q8MatMul and as an
+8-bit MatMulNBits over the same blocks.
 
 Two sessions, built with the runtime's own session options: a chain of --pairs MLP matmul pairs
 of a 1.5B model's shape (1,536 -> 8,960 -> 1,536; 14 pairs = 28 weights, 193 MB as Q4_0, beyond
@@ -49,16 +52,43 @@ def session(kind: str, pairs: int):
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
+def head_session(kind: str):
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from specdeploy.backends.onnxruntime import session_options
+    from specdeploy.quantization import nbits, operators, q8
+
+    vocab = 151936
+    w = (np.random.default_rng(0).standard_normal((HIDDEN, vocab)) * 0.02).astype(np.float32)
+    blocks = nbits.quantize(w, 8, 32, "absmax")
+    del w
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, None, HIDDEN])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    model = helper.make_model(helper.make_graph([], "head", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    node = helper.make_node("MatMul", ["x", "w"], ["y"], name="m")
+    model.graph.node.append(q8.matmul_node(model, node, "w", blocks) if kind == "q4_0"
+                            else nbits.matmul_node(model, node, "w", blocks, 4))
+    operators.use_domain(model)
+    options = session_options(operators=("q4_0",) if kind == "q4_0" else ())
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=14)
     parser.add_argument("--rows", default="1,5,16,64")
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--head", action="store_true")
     args = parser.parse_args()
-    sessions = {kind: session(kind, args.pairs) for kind in ("q4_0", "matmulnbits")}
+    make = head_session if args.head else lambda kind: session(kind, args.pairs)
+    sessions = {kind: make(kind) for kind in ("q4_0", "matmulnbits")}
     rng = np.random.default_rng(0)
-    print(f"{2 * args.pairs} weights of a 1.5B model's MLP; ms a call, median of {args.repeats}, interleaved")
-    print("| rows | Q4_0MatMul | MatMulNBits | MatMulNBits / Q4_0MatMul |")
+    ours = "Q8MatMul" if args.head else "Q4_0MatMul"
+    what = "a 1.5B model's 8-bit LM head" if args.head else f"{2 * args.pairs} weights of a 1.5B model's MLP"
+    print(f"{what}; ms a call, median of {args.repeats}, interleaved")
+    print(f"| rows | {ours} | MatMulNBits | MatMulNBits / {ours} |")
     print("|---|---|---|---|")
     for rows in (int(r) for r in args.rows.split(",")):
         x = rng.standard_normal((1, rows, HIDDEN)).astype(np.float32)
