@@ -32,6 +32,7 @@ def _blocks(rng, k: int = 256, n: int = 64) -> nbits.Blocks:
 
 
 def _model(blocks: nbits.Blocks, kind: str = "q4_0"):
+    """x [1, S, K] @ W as one node: specdeploy's "q4_0" or "q8" operator, or "nbits" (MatMulNBits)."""
     from onnx import TensorProto, helper
 
     n, nb, _ = blocks.q.shape
@@ -40,23 +41,9 @@ def _model(blocks: nbits.Blocks, kind: str = "q4_0"):
     model = helper.make_model(helper.make_graph([], "g", [x], [y]),
                               opset_imports=[helper.make_opsetid("", 24), helper.make_opsetid("com.microsoft", 1)])
     node = helper.make_node("MatMul", ["x", "w"], ["y"], name="m")
-    made = q4_0.matmul_node(model, node, "w", blocks) if kind == "q4_0" else nbits.matmul_node(model, node, "w", blocks, 4)
-    model.graph.node.append(made)
-    operators.use_domain(model)
-    return model
-
-
-def _q8_model(blocks: nbits.Blocks, kind: str = "q8"):
-    from onnx import TensorProto, helper
-
-    n, nb, _ = blocks.q.shape
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, None, nb * 32])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, None, n])
-    model = helper.make_model(helper.make_graph([], "g", [x], [y]),
-                              opset_imports=[helper.make_opsetid("", 24), helper.make_opsetid("com.microsoft", 1)])
-    node = helper.make_node("MatMul", ["x", "w"], ["y"], name="m")
-    made = q8.matmul_node(model, node, "w", blocks) if kind == "q8" else nbits.matmul_node(model, node, "w", blocks, 4)
-    model.graph.node.append(made)
+    makers = {"q4_0": q4_0.matmul_node, "q8": q8.matmul_node,
+              "nbits": lambda *args: nbits.matmul_node(*args, 4)}
+    model.graph.node.append(makers[kind](model, node, "w", blocks))
     operators.use_domain(model)
     return model
 
@@ -125,7 +112,7 @@ def test_the_8_bit_operator_computes_what_matmulnbits_does_with_rows_independent
     bitwise the row alone."""
     rng = np.random.default_rng(5)
     blocks = nbits.quantize(rng.normal(size=(k, 40)).astype(np.float32), 8, 32, "absmax")
-    ours, theirs = _session(_q8_model(blocks), library), _session(_q8_model(blocks, "nbits"), library)
+    ours, theirs = _session(_model(blocks, "q8"), library), _session(_model(blocks, "nbits"), library)
     x = rng.normal(size=(1, 9, k)).astype(np.float32)
     want = x @ blocks.dequantize()
     mine = ours.run(None, {"x": x})[0]
