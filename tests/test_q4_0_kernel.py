@@ -146,36 +146,26 @@ def test_each_form_of_the_kernel_computes_the_product_with_rows_independent(libr
     lib.q4_0_form.restype = ctypes.c_char_p
     assert lib.q4_0_form().decode() == form
     rng = np.random.default_rng(3)
-    blocks = _blocks(rng, k=128, n=16)
-    qs, d = q4_0.pack(blocks)
-    x = rng.normal(size=(6, 128)).astype(np.float32)
+    four = _blocks(rng, k=128, n=16)
+    eight = nbits.quantize(rng.normal(size=(96, 8)).astype(np.float32), 8, 32, "absmax")  # 3 blocks: an odd one
+    qs, d = q4_0.pack(four)
+    b, scales = nbits.pack(eight)
+    for entry, blocks, weights in ((lib.q4_0_matmul, four, (qs, d.view(np.uint16))), (lib.q8_matmul, eight, (b, scales))):
+        x = rng.normal(size=(6, blocks.q.shape[1] * 32)).astype(np.float32)
+        many = _call(entry, x, weights, blocks.q.shape[0])
+        want = x @ blocks.dequantize()
+        assert np.abs(many - want).max() < 0.02 * np.abs(want).max()
+        np.testing.assert_array_equal(many, np.concatenate([_call(entry, x[i:i + 1], weights, blocks.q.shape[0])
+                                                            for i in range(6)]))
 
-    def run(rows):
-        y = np.zeros((rows.shape[0], 16), np.float32)
-        pointer = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
-        assert lib.q4_0_matmul(pointer(rows), ctypes.c_int64(rows.shape[0]), ctypes.c_int64(128), pointer(qs),
-                               pointer(d.view(np.uint16)), ctypes.c_int64(16), pointer(y)) == 0
-        return y
 
-    many = run(x)
-    want = x @ blocks.dequantize()
-    assert np.abs(many - want).max() < 0.02 * np.abs(want).max()
-    np.testing.assert_array_equal(many, np.concatenate([run(x[i:i + 1]) for i in range(6)]))
-    wide = nbits.quantize(rng.normal(size=(96, 8)).astype(np.float32), 8, 32, "absmax")   # 3 blocks: an odd one
-    b, scales = nbits.pack(wide)
-    rows = rng.normal(size=(6, 96)).astype(np.float32)
-
-    def run8(part):
-        y = np.zeros((part.shape[0], 8), np.float32)
-        pointer = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
-        assert lib.q8_matmul(pointer(part), ctypes.c_int64(part.shape[0]), ctypes.c_int64(96), pointer(b),
-                             pointer(scales), ctypes.c_int64(8), pointer(y)) == 0
-        return y
-
-    many = run8(rows)
-    want = rows @ wide.dequantize()
-    assert np.abs(many - want).max() < 0.01 * np.abs(want).max()
-    np.testing.assert_array_equal(many, np.concatenate([run8(rows[i:i + 1]) for i in range(6)]))
+def _call(entry, rows: np.ndarray, weights: tuple, n: int) -> np.ndarray:
+    """y [M, N] from a library entry point (q4_0_matmul, q8_matmul) over rows [M, K]."""
+    y = np.zeros((rows.shape[0], n), np.float32)
+    pointer = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
+    assert entry(pointer(rows), ctypes.c_int64(rows.shape[0]), ctypes.c_int64(rows.shape[1]), pointer(weights[0]),
+                 pointer(weights[1]), ctypes.c_int64(n), pointer(y)) == 0
+    return y
 
 
 @pytest.fixture(scope="module")
