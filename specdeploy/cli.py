@@ -131,7 +131,8 @@ def _precision_options(choices=PRECISION, default=None, required=False, default_
                          help="What computes int4 weights: ONNX Runtime's MatMulNBits, or q4_0: specdeploy's "
                               "operator reading Q4_0 blocks of 32 in place from the weights file (4.5 bits a "
                               "weight, no packed copy: faster and smaller where decoding streams the weights; "
-                              "a Q4_0 GGUF's own blocks, or symmetric rounding; built here by build-kernels).")(f)
+                              "a Q4_0 GGUF's own blocks, or rtn / mse rounding; GPTQ and minmax keep MatMulNBits; "
+                              "built here by build-kernels).")(f)
         return click.option("--precision", type=choices, default=default, required=required,
                             help="int4/int8: integer compute (MatMulNBits); fp16/fp8: weight-only." + default_help)(f)
     return decorate

@@ -296,3 +296,17 @@ def test_headers_are_taken_from_a_debian_package_checked_by_its_sha256(tmp_path,
     assert (folder / kernels.HEADER).read_bytes() == b"/* the API */\n"
     with pytest.raises(ConfigError, match="could not download"):
         kernels.fetch_headers((tmp_path / "missing.deb").as_uri(), digest)
+
+
+def test_rounding_for_the_operator_keeps_gptqs_grid_and_gives_rtn_float16_scales():
+    """rtn / mse round on the symmetric grid with float16 scales, which the operator takes; GPTQ and
+    minmax keep their float offsets (and so MatMulNBits): quality before the kernel."""
+    from specdeploy.quantization.compute import ComputeForm, _blocks
+
+    w = np.random.default_rng(6).normal(size=(64, 8)).astype(np.float32)
+    form = ComputeForm(bits=4, block_size=32)
+    for method in ("absmax", "mse"):
+        assert q4_0.takes(_blocks(w, form, method, None, q4_0=True)[0])
+        assert not q4_0.takes(_blocks(w, form, method, None, q4_0=False)[0])
+    for method in ("gptq", "minmax"):
+        assert _blocks(w, form, method, None, q4_0=True)[0].offsets is not None

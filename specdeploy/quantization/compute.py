@@ -186,26 +186,25 @@ def quantize_graph(src: Path, dst: Path, precision: str, method: str = "rtn", in
 def _blocks(w, form: ComputeForm, method: str, index, gram=lambda: None, q4_0: bool = False):
     """(blocks, carried): the source file's own blocks where they map exactly, else quantized
     (by GPTQ over the input's Gram matrix `gram()` where the method asks for it: asked for only
-    here, so a graph whose weights all carry never runs the calibration text). `q4_0`: int4 goes to
-    Q4_0MatMul, so GPTQ rounds on the symmetric grid and scales are float16 (q4_0.half_scales)."""
+    here, so a graph whose weights all carry never runs the calibration text). `q4_0`: int4 may go
+    to Q4_0MatMul, so the symmetric methods (rtn, mse) round with float16 scales (q4_0.half_scales);
+    GPTQ and minmax keep their grid with float offsets, which stays MatMulNBits (quality first:
+    GPTQ on the symmetric grid lost most of what it gains)."""
     from . import gptq, nbits
     from .q4_0 import half_scales
 
     carried = index.blocks(w, form.block_size) if index is not None else None
     if carried is not None:
         return carried, True
-    symmetric = q4_0 and form.bits == 4
     if method == "gptq":  # 4 bits on minmax's grid, where GPTQ gains both measures; 8 on rtn's
         gram = gram()
-        four = form.bits == 4 and not w.shape[0] % nbits.OFFSET_BLOCK and not symmetric
-        grid = "minmax" if four else "absmax"
-        blocks = (gptq.quantize(w, gram, form.bits, form.block_size, grid) if gram is not None
-                  else nbits.quantize(w, form.bits, form.block_size, grid))
-        return (half_scales(blocks) if symmetric else blocks), False
-    if method == "minmax" and (w.shape[0] % nbits.OFFSET_BLOCK or symmetric):
-        method = "absmax"  # offsets come per 32 of K; Q4_0MatMul has none
+        grid = "minmax" if form.bits == 4 and not w.shape[0] % nbits.OFFSET_BLOCK else "absmax"
+        return (gptq.quantize(w, gram, form.bits, form.block_size, grid) if gram is not None
+                else nbits.quantize(w, form.bits, form.block_size, grid)), False
+    if method == "minmax" and w.shape[0] % nbits.OFFSET_BLOCK:
+        method = "absmax"  # offsets come per 32 of K
     blocks = nbits.quantize(w, form.bits, form.block_size, method)
-    return (half_scales(blocks) if symmetric else blocks), False
+    return (half_scales(blocks) if q4_0 and form.bits == 4 and blocks.offsets is None else blocks), False
 
 
 def _own_blocks(model, form: ComputeForm, method: str, index=None, outliers: dict | None = None,
