@@ -310,3 +310,8 @@ def test_rounding_for_the_operator_keeps_gptqs_grid_and_gives_rtn_float16_scales
         assert not q4_0.takes(_blocks(w, form, method, None, q4_0=False)[0])
     for method in ("gptq", "minmax"):
         assert _blocks(w, form, method, None, q4_0=True)[0].offsets is not None
+
+
+def test_tensorrt_forms_are_refused_with_the_operator():
+    with pytest.raises(ConfigError, match="TensorRT cannot build"):
+        QuantizeOptions("int4", tensorrt=True, compute=ComputeOptions(int4_kernel="q4_0"))

@@ -7,6 +7,7 @@ from pathlib import Path
 from ..bundle import io_names
 from ..config import check_method, check_precision
 from ..constants import DEFAULT_QUANT_METHOD
+from ..errors import ConfigError
 from .compute import ComputeOptions
 
 
@@ -32,6 +33,9 @@ class QuantizeOptions:
             if p is not None:
                 check_precision(p)
         check_method(self.method)
+        if self.tensorrt and self.compute.int4_kernel != "matmulnbits":
+            raise ConfigError(f"--int4-kernel {self.compute.int4_kernel} is specdeploy's CPU operator, which "
+                              f"TensorRT cannot build; drop it for a TensorRT bundle (or drop --tensorrt)")
 
     def plan(self, manifest) -> dict[str, str]:
         """Precision per graph of `manifest`."""
