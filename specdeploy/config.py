@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .constants import DEFAULT_PREFILL_CHUNK, MAX_DRAFT_TOKENS, MAX_NGRAM, PRECISIONS, QUANT_METHODS, SOURCES
+from .constants import (DEFAULT_PREFILL_CHUNK, INT4_KERNELS, MAX_DRAFT_TOKENS, MAX_NGRAM, PRECISIONS, QUANT_METHODS,
+                        SOURCES)
 from .errors import ConfigError
 
 
@@ -40,6 +41,12 @@ def check_method(method: str) -> str:
     if method not in QUANT_METHODS:
         raise ConfigError(f"method '{method}' is unknown; pick one of {', '.join(QUANT_METHODS)}")
     return method
+
+
+def check_int4_kernel(kernel: str) -> str:
+    if kernel not in INT4_KERNELS:
+        raise ConfigError(f"int4 kernel '{kernel}' is unknown; pick one of {', '.join(INT4_KERNELS)}")
+    return kernel
 
 
 def check_source(source: str) -> str:

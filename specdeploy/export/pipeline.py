@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..config import check_method, check_ngram, check_num_draft_tokens, check_precision, check_source
+from ..config import (check_int4_kernel, check_method, check_ngram, check_num_draft_tokens, check_precision,
+                      check_source)
 from ..constants import (BACKENDS, DEFAULT_BACKEND, DEFAULT_BUNDLE, DEFAULT_DRAFT_SOURCE, DEFAULT_LOOKUP_NGRAM,
-                         DEFAULT_MAX_CONTEXT, DEFAULT_NUM_DRAFT_TOKENS, DEFAULT_OPSET, INT4_KERNELS,
+                         DEFAULT_MAX_CONTEXT, DEFAULT_NUM_DRAFT_TOKENS, DEFAULT_OPSET,
                          MAX_CONTEXT_RANGE, DEFAULT_QUANT_METHOD, OPSETS)
 from ..errors import ConfigError
 from ..runtime.memory_log import mark, recording
@@ -43,7 +44,7 @@ class ExportConfig:
     opset: int = DEFAULT_OPSET                     # 23: ScatterND KV writes, for ONNX Runtime < 1.25
     feature_layers: tuple[int, ...] = ()           # layers whose input the graphs also output (a feature head's)
     feature_head: Path | None = None               # an EAGLE-3 head to add (its layers become feature_layers)
-    int4_kernel: str = "matmulnbits"               # what computes int4 weights (quantization/compute.py INT4_KERNELS)
+    int4_kernel: str = "matmulnbits"               # what computes int4 weights (constants.INT4_KERNELS)
 
     def __post_init__(self):
         object.__setattr__(self, "source", Path(self.source))
@@ -67,8 +68,7 @@ class ExportConfig:
             if p is not None:
                 check_precision(p)
         check_method(self.method)
-        if self.int4_kernel not in INT4_KERNELS:
-            raise ConfigError(f"int4 kernel '{self.int4_kernel}' is unknown; pick one of {', '.join(INT4_KERNELS)}")
+        check_int4_kernel(self.int4_kernel)
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend='{self.backend}' is unknown; pick one of {', '.join(BACKENDS)}")
 

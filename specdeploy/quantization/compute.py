@@ -35,7 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..constants import INT4_KERNELS, QUANT_METHODS as METHODS
+from ..config import check_int4_kernel
+from ..constants import QUANT_METHODS as METHODS
 from ..errors import ConfigError
 from ..optimize import attention, fusion, gqa_probe
 from ..optimize.graph import MS_DOMAIN, array, attrs as node_attrs, lazy_weights, materialize, set_nodes, use_ms_domain
@@ -99,8 +100,7 @@ class ComputeOptions:
         if self.int4_block not in (None, *INT4_BLOCKS):
             raise ConfigError(f"int4 block size {self.int4_block} is not offered; pick one of "
                               f"{', '.join(map(str, INT4_BLOCKS))} (or leave it to the row check)")
-        if self.int4_kernel not in INT4_KERNELS:
-            raise ConfigError(f"int4 kernel '{self.int4_kernel}' is unknown; pick one of {', '.join(INT4_KERNELS)}")
+        check_int4_kernel(self.int4_kernel)
         if self.int4_kernel == "q4_0" and self.int4_block not in (None, 32):
             raise ConfigError(f"the q4_0 kernel reads blocks of 32, not {self.int4_block}; drop --int4-block")
         if self.head_bits not in (4, 8):
@@ -242,9 +242,7 @@ def _compute_nodes(model, node, weight: str, blocks, channels, shared: dict) -> 
     """MatMul `node` as a MatMulNBits over `blocks`, then its outlier term, then its offset term
     (folded into the MatMulNBits where no outlier channels are: their float rows are the symmetric
     values', which the folded zero points would change)."""
-    from . import folding, nbits, outliers
-
-    from . import q4_0, q8
+    from . import folding, nbits, outliers, q4_0, q8
 
     x, out = node.input[0], node.output[0]
     with_offsets = blocks.offsets is not None

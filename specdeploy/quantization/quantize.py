@@ -125,12 +125,11 @@ def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str,
                 f"inputs in float" if channels else "")
         two = (f"; {padded[name]} matmuls handed a padded second row (a one-row int4 call is another "
                f"kernel without VNNI)" if padded[name] else "")
-        in_place = own_count(dst) if plan[name] == "int4" and options.int4_kernel == "q4_0" else 0
-        two += (f"; {in_place} matmul{'s' if in_place > 1 else ''} by specdeploy's operators (read in place)"
-                if in_place else "")
+        own = own_count(dst) if plan[name] == "int4" and options.int4_kernel == "q4_0" else 0
+        own_line = f"; {own} matmul{'s' if own > 1 else ''} by specdeploy's operators (read in place)" if own else ""
         nearest = (f"; rounded to nearest, not by GPTQ: {calibration.unrounded[name]} (more memory, or the "
                    f"model's GGUF with its blocks carried, avoids this)" if name in calibration.unrounded else "")
-        echo(f"{name}: {plan[name]}{blocks}{_carried(carried[name], folded[name])}{kept}{two}{nearest}")
+        echo(f"{name}: {plan[name]}{blocks}{_carried(carried[name], folded[name])}{kept}{two}{own_line}{nearest}")
         residency.trim_heap()  # what a graph's rounding freed, before the next one's peak
         mark(f"quantizing the {name} graph")
     draft, head = plan[io_names.DRAFT], plan[io_names.HEAD]
@@ -211,23 +210,17 @@ def quantize_bundle(bundle: Path, options: QuantizeOptions, texts: list[str] | N
     if options.tensorrt:
         graphs = _tensorrt_forms(bundle, graphs, echo)
     extra = _extra(manifest.extra, counts, bundle, graphs, plan, compute)
-    operators = _operators(bundle, graphs)
+    from .operators import in_place_table, names
+
+    operators = names(bundle, graphs)
     if operators:
         from ..backends.onnxruntime import IN_PLACE_KEY
-        from .operators import in_place_table
 
         extra[IN_PLACE_KEY] = in_place_table(bundle, graphs)
     seal(bundle, manifest.replace(graphs=graphs, precision=options.label(plan), extra=extra,
                                   kv_spare_rows=int(unfused is None), operators=operators), echo)
     mark("checking row independence")
     return bundle
-
-
-def _operators(bundle: Path, graphs: dict) -> tuple[str, ...]:
-    """specdeploy's own operators the quantized graphs use, for the runtime to register."""
-    from .operators import names
-
-    return names(bundle, graphs)
 
 
 def _extra(extra: dict, counts: dict[str, dict[str, int]], bundle: Path, graphs: dict, plan: dict,
