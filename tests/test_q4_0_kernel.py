@@ -58,7 +58,7 @@ def _session(model, library):
 
 def test_a_gguf_q4_0_tensor_is_carried_as_its_own_bytes():
     """A Q4_0 tensor's blocks, matched by value, pack back into exactly the file's bytes (16 bytes
-    of q + 8 and the float16 scale per 32 weights), four columns interleaved."""
+    of q + 8 and the float16 scale per 32 weights), sixteen columns interleaved four bytes at a time."""
     import gguf
     from gguf import quants
 
@@ -70,9 +70,10 @@ def test_a_gguf_q4_0_tensor_is_carried_as_its_own_bytes():
     weight = np.ascontiguousarray(quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_0).T)
     blocks = BlockIndex([raw], "Q4_0").blocks(weight, 32)
     assert q4_0.takes(blocks)
-    qs, d = q4_0.pack(blocks)                                                     # [12, 4, 64], [12, 4, 4]
+    qs, d = q4_0.pack(blocks)                                                     # [3, 4, 256], [3, 4, 16]
     file = raw.reshape(48, 4, 18)
-    np.testing.assert_array_equal(qs.reshape(12, 4, 4, 16).transpose(0, 2, 1, 3).reshape(48, 4, 16), file[..., 2:])
+    runs = qs.reshape(3, 4, 4, 16, 4).transpose(0, 3, 1, 2, 4)                    # [group, column, block, run, 4]
+    np.testing.assert_array_equal(runs.reshape(48, 4, 16), file[..., 2:])
     np.testing.assert_array_equal(d.transpose(0, 2, 1).reshape(48, 4).view(np.uint16),
                                   file[..., :2].copy().view(np.uint16)[..., 0])
     back = q4_0.unpack(qs, d)
@@ -82,12 +83,12 @@ def test_a_gguf_q4_0_tensor_is_carried_as_its_own_bytes():
 
 def test_only_symmetric_blocks_of_32_with_float16_scales_go_to_the_operator():
     rng = np.random.default_rng(1)
-    w = rng.normal(size=(64, 8)).astype(np.float32)
+    w = rng.normal(size=(64, 32)).astype(np.float32)
     assert not q4_0.takes(nbits.quantize(w, 4, 32, "absmax"))       # float32 scales
     assert q4_0.takes(q4_0.half_scales(nbits.quantize(w, 4, 32, "absmax")))
     assert not q4_0.takes(q4_0.half_scales(nbits.quantize(w, 4, 16, "absmax")))
     assert not q4_0.takes(q4_0.half_scales(nbits.quantize(w, 4, 32, "minmax")))  # float offsets
-    assert not q4_0.takes(q4_0.half_scales(nbits.quantize(w[:, :6], 4, 32, "absmax")))  # N % 4
+    assert not q4_0.takes(q4_0.half_scales(nbits.quantize(w[:, :24], 4, 32, "absmax")))  # N % 16
 
 
 def test_the_operator_computes_x_at_w_as_closely_as_matmulnbits_with_rows_independent(library):
@@ -120,6 +121,25 @@ def test_the_8_bit_operator_computes_what_matmulnbits_does_with_rows_independent
     np.testing.assert_allclose(mine, theirs.run(None, {"x": x})[0], rtol=0, atol=1e-4 * np.abs(want).max())
     alone = np.concatenate([ours.run(None, {"x": x[:, i:i + 1]})[0] for i in range(9)], axis=1)
     np.testing.assert_array_equal(mine, alone)
+
+
+@pytest.mark.parametrize("kind", ["q4_0", "q8"])
+def test_a_bias_add_after_an_operator_becomes_its_input_with_the_same_sums(library, kind):
+    """Qwen2's q / k / v biases: the Add goes (one kernel fewer a layer) and every value is the one
+    the Add computed, bitwise."""
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(7)
+    blocks = _blocks(rng) if kind == "q4_0" else nbits.quantize(rng.normal(size=(256, 64)).astype(np.float32), 8, 32, "absmax")
+    model = _model(blocks, kind)
+    model.graph.node[0].output[0] = "product"
+    model.graph.initializer.append(numpy_helper.from_array(rng.normal(size=64).astype(np.float32), "b"))
+    model.graph.node.append(__import__("onnx").helper.make_node("Add", ["product", "b"], ["y"], name="bias"))
+    x = rng.normal(size=(1, 5, 256)).astype(np.float32)
+    apart = _session(model, library).run(None, {"x": x})[0]
+    assert operators.fuse_biases(model) == 1
+    assert [n.op_type for n in model.graph.node] == [q4_0.OP if kind == "q4_0" else q8.OP]
+    np.testing.assert_array_equal(_session(model, library).run(None, {"x": x})[0], apart)
 
 
 def _cpu_has(flag: str) -> bool:
@@ -303,7 +323,7 @@ def test_rounding_for_the_operator_keeps_gptqs_grid_and_gives_rtn_float16_scales
     minmax keep their float offsets (and so MatMulNBits): quality before the kernel."""
     from specdeploy.quantization.compute import ComputeForm, _blocks
 
-    w = np.random.default_rng(6).normal(size=(64, 8)).astype(np.float32)
+    w = np.random.default_rng(6).normal(size=(64, 16)).astype(np.float32)
     form = ComputeForm(bits=4, block_size=32)
     for method in ("absmax", "mse"):
         assert q4_0.takes(_blocks(w, form, method, None, q4_0=True)[0])

@@ -53,6 +53,23 @@ static OrtStatus *element_count(const OrtValue *value, size_t *count) {
     return status;
 }
 
+OrtStatus *add_bias(const Kernel *kernel, OrtKernelContext *context, float *y, int64_t rows) {
+    size_t inputs;
+    CHECK(ort->KernelContext_GetInputCount(context, &inputs));
+    const OrtValue *value = NULL;
+    if (inputs > BIAS) CHECK(ort->KernelContext_GetInput(context, BIAS, &value));
+    if (!value) return NULL;
+    size_t have;
+    CHECK(element_count(value, &have));
+    if (have != (size_t)kernel->n) return fail("specdeploy operator: the bias must hold N values");
+    void *p;
+    CHECK(ort->GetTensorMutableData((OrtValue *)value, &p));
+    const float *bias = p;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < kernel->n; c++) y[r * kernel->n + c] += bias[c];
+    return NULL;
+}
+
 OrtStatus *input_and_output(const Kernel *kernel, OrtKernelContext *context, const float **x, int64_t *rows,
                             float **y) {
     const OrtValue *input;
@@ -118,17 +135,22 @@ static OrtStatus *compute(void *state, OrtKernelContext *context) {
 static void destroy_kernel(void *state) { free(state); }
 static const char *op_name(const OrtCustomOp *op) { return spec(op)->name; }
 static const char *op_provider(const OrtCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
-static size_t input_count(const OrtCustomOp *op) { (void)op; return 3; }
+static size_t input_count(const OrtCustomOp *op) { (void)op; return BIAS + 1; }
 static size_t output_count(const OrtCustomOp *op) { (void)op; return 1; }
 
 static ONNXTensorElementDataType input_type(const OrtCustomOp *op, size_t index) {
-    if (index == 0) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-    return index < 3 ? spec(op)->weights[index - 1] : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    if (index == 0 || index == BIAS) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    return index < BIAS ? spec(op)->weights[index - 1] : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
 }
 
 static ONNXTensorElementDataType output_type(const OrtCustomOp *op, size_t index) {
     (void)op; (void)index;
     return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+}
+
+static OrtCustomOpInputOutputCharacteristic input_needed(const OrtCustomOp *op, size_t index) {
+    (void)op;
+    return index == BIAS ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
 }
 
 static OrtCustomOpInputOutputCharacteristic required(const OrtCustomOp *op, size_t index) {
@@ -150,7 +172,7 @@ static void fill(SpecOp *op, uint32_t version) {
     base->GetInputTypeCount = input_count;
     base->GetOutputType = output_type;
     base->GetOutputTypeCount = output_count;
-    base->GetInputCharacteristic = required;
+    base->GetInputCharacteristic = input_needed;
     base->GetOutputCharacteristic = required;
     base->GetInputMemoryType = memory_type;
     base->GetVariadicInputMinArity = one;

@@ -1,7 +1,7 @@
 /* What specdeploy's ONNX Runtime operators share (ops.c): the API, activation rows quantized to
  * int8 per block of 32, and the glue every operator's compute calls. Each operator is a SpecOp:
  * ONNX Runtime's OrtCustomOp first, then its name, its two weight inputs' types, what N must be a
- * multiple of, and its product. */
+ * multiple of, and its product. Inputs: x, the two weights, and an optional float bias [N]. */
 #ifndef SPECDEPLOY_OPS_H
 #define SPECDEPLOY_OPS_H
 
@@ -38,5 +38,9 @@ OrtStatus *input_and_output(const Kernel *kernel, OrtKernelContext *context, con
                             float **y);
 /* weight input `index`'s data, refused unless it holds `count` elements */
 OrtStatus *weight(OrtKernelContext *context, size_t index, size_t count, const void **data);
+/* y [rows, N] += the optional bias input [N] (Qwen2's q / k / v biases): the Add it replaces, value
+ * for value, one kernel fewer a layer */
+#define BIAS 3
+OrtStatus *add_bias(const Kernel *kernel, OrtKernelContext *context, float *y, int64_t rows);
 
 #endif

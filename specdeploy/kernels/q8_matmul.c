@@ -130,7 +130,7 @@ static OrtStatus *compute(const Kernel *kernel, OrtKernelContext *context) {
     size_t tasks = (size_t)((kernel->n + COLUMNS_PER_TASK - 1) / COLUMNS_PER_TASK);
     OrtStatus *status = ort->KernelContext_ParallelFor(context, run_task, tasks, 0, &w);
     free_rows(&w.x);
-    return status;
+    return status ? status : add_bias(kernel, context, y, rows);
 }
 
 SpecOp q8_op = {.name = "Q8MatMul", .column_multiple = 1, .compute = compute,

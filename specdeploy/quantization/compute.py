@@ -235,6 +235,7 @@ def _own_blocks(model, form: ComputeForm, method: str, index=None, outliers: dic
 
         if operators.uses(model):
             operators.use_domain(model)
+            operators.fuse_biases(model)
     return carried
 
 

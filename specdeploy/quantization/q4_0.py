@@ -1,5 +1,5 @@
-"""int4 blocks of 32 as specdeploy's `Q4_0MatMul` (kernels/q4_0_matmul.c): GGUF's Q4_0 bytes, four
-output columns interleaved, read in place from the weights file.
+"""int4 blocks of 32 as specdeploy's `Q4_0MatMul` (kernels/q4_0_matmul.c): GGUF's Q4_0 bytes,
+sixteen output columns interleaved four bytes at a time, read in place from the weights file.
 
 Against MatMulNBits (nbits.py) the same integers and the same per-row arithmetic kind (activations
 to int8 per block of 32, integer dot products), but 4.5 bits a weight in memory, not 6, and no
@@ -15,12 +15,13 @@ from .nbits import Blocks
 
 OP = "Q4_0MatMul"
 BLOCK = 32
-COLUMNS = 4  # output columns interleaved per block
+COLUMNS = 16  # output columns interleaved per block: one int32 lane of a 512-bit register each
+CHUNK = 4     # bytes of a column side by side
 
 
 def takes(blocks: Blocks) -> bool:
     """Whether `blocks` are what Q4_0MatMul computes exactly: 4 bits, blocks of 32, no offsets,
-    scales that float16 holds, a multiple of four columns."""
+    scales that float16 holds, a multiple of sixteen columns."""
     if blocks.bits != 4 or blocks.block != BLOCK or blocks.offsets is not None or blocks.q.shape[0] % COLUMNS:
         return False
     return bool(np.array_equal(blocks.scales.astype(np.float16).astype(np.float32), blocks.scales))
@@ -33,20 +34,23 @@ def half_scales(blocks: Blocks) -> Blocks:
 
 
 def pack(blocks: Blocks) -> tuple[np.ndarray, np.ndarray]:
-    """(qs uint8 [N/4, nb, 64], d float16 [N/4, nb, 4]): byte j of a column's 16 holds q[j] + 8 in
-    its low nibble and q[j + 16] + 8 in its high one, as GGUF's Q4_0 does."""
+    """(qs uint8 [N/16, nb, 256], d float16 [N/16, nb, 16]): byte j of a column's 16 holds q[j] + 8
+    in its low nibble and q[j + 16] + 8 in its high one, as GGUF's Q4_0 does; a group's block is
+    four runs of 64 bytes, run i holding bytes 4i .. 4i+3 of each of the sixteen columns."""
     n, nb, _ = blocks.q.shape
     u = (blocks.q.astype(np.int16) + 8).astype(np.uint8)                    # [N, nb, 32]
     body = u[..., :16] | (u[..., 16:] << 4)                                  # [N, nb, 16]
-    qs = body.reshape(n // COLUMNS, COLUMNS, nb, 16).transpose(0, 2, 1, 3)   # [N/4, nb, 4, 16]
+    runs = body.reshape(n // COLUMNS, COLUMNS, nb, 16 // CHUNK, CHUNK)       # [G, c, nb, i, 4]
+    qs = runs.transpose(0, 2, 3, 1, 4)                                       # [G, nb, i, c, 4]
     d = blocks.scales.astype(np.float16).reshape(n // COLUMNS, COLUMNS, nb).transpose(0, 2, 1)
-    return np.ascontiguousarray(qs.reshape(n // COLUMNS, nb, 64)), np.ascontiguousarray(d)
+    return np.ascontiguousarray(qs.reshape(n // COLUMNS, nb, 16 * COLUMNS)), np.ascontiguousarray(d)
 
 
 def unpack(qs: np.ndarray, d: np.ndarray) -> Blocks:
     """Inverse of `pack`."""
     groups, nb, _ = qs.shape
-    body = qs.reshape(groups, nb, COLUMNS, 16).transpose(0, 2, 1, 3).reshape(groups * COLUMNS, nb, 16)
+    runs = qs.reshape(groups, nb, 16 // CHUNK, COLUMNS, CHUNK).transpose(0, 3, 1, 2, 4)  # [G, c, nb, i, 4]
+    body = runs.reshape(groups * COLUMNS, nb, 16)
     q = np.concatenate([body & 0x0F, body >> 4], axis=-1).astype(np.int8) - np.int8(8)
     scales = d.transpose(0, 2, 1).reshape(groups * COLUMNS, nb).astype(np.float32)
     return Blocks(np.ascontiguousarray(q), scales, 4)
