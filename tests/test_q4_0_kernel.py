@@ -275,14 +275,21 @@ def test_the_kernel_is_refused_with_blocks_of_16():
         ComputeOptions(int4_kernel="q4_1")
 
 
-def test_weights_of_another_shape_than_the_nodes_are_refused_not_read_past(library):
+@pytest.mark.parametrize("change", ["columns", "layout"])
+def test_weights_of_another_shape_than_the_nodes_are_refused_not_read_past(library, change):
+    """The node says 128 columns where the weights hold 64; or the weights are in an earlier
+    layout of as many bytes (four columns a group: [N/4, K/32, 64])."""
     from onnx import helper
 
     model = _model(_blocks(np.random.default_rng(4)))
     node = model.graph.node[0]
-    node.attribute.remove(next(a for a in node.attribute if a.name == "N"))
-    node.attribute.append(helper.make_attribute("N", 128))            # the weights hold 64 columns
-    with pytest.raises(Exception, match="shape does not match the node"):
+    if change == "columns":
+        node.attribute.remove(next(a for a in node.attribute if a.name == "N"))
+        node.attribute.append(helper.make_attribute("N", 128))
+    else:
+        qs = next(t for t in model.graph.initializer if t.name == node.input[1])
+        qs.dims[:] = [16, 8, 64]
+    with pytest.raises(Exception, match="shape does not match the node.s K and N in this library.s layout"):
         _session(model, library).run(None, {"x": np.zeros((1, 1, 256), np.float32)})
 
 

@@ -97,12 +97,21 @@ OrtStatus *input_and_output(const Kernel *kernel, OrtKernelContext *context, con
     return NULL;
 }
 
-OrtStatus *weight(OrtKernelContext *context, size_t index, size_t count, const void **data) {
+OrtStatus *weight(OrtKernelContext *context, size_t index, const int64_t *dims, size_t rank, const void **data) {
     const OrtValue *value;
     CHECK(ort->KernelContext_GetInput(context, index, &value));
-    size_t have;
-    CHECK(element_count(value, &have));
-    if (have != count) return fail("specdeploy operator: a weight's shape does not match the node's K and N");
+    OrtTensorTypeAndShapeInfo *info;
+    CHECK(ort->GetTensorTypeAndShape(value, &info));
+    int64_t have[4] = {0};
+    size_t have_rank;
+    OrtStatus *status = ort->GetDimensionsCount(info, &have_rank);
+    if (!status && have_rank == rank) status = ort->GetDimensions(info, have, rank);
+    ort->ReleaseTensorTypeAndShapeInfo(info);
+    if (status) return status;
+    for (size_t i = 0; i < rank; i++)
+        if (have_rank != rank || have[i] != dims[i])
+            return fail("specdeploy operator: a weight's shape does not match the node's K and N in this "
+                        "library's layout (a bundle from another specdeploy version: export it again)");
     void *p;
     CHECK(ort->GetTensorMutableData((OrtValue *)value, &p));
     *data = p;

@@ -36,8 +36,8 @@ OrtStatus *fail(const char *message);
 /* x (input 0) and its rows, and y [.., N] made with x's leading axes */
 OrtStatus *input_and_output(const Kernel *kernel, OrtKernelContext *context, const float **x, int64_t *rows,
                             float **y);
-/* weight input `index`'s data, refused unless it holds `count` elements */
-OrtStatus *weight(OrtKernelContext *context, size_t index, size_t count, const void **data);
+/* weight input `index`'s data, refused unless its shape is `dims` (rank <= 4) */
+OrtStatus *weight(OrtKernelContext *context, size_t index, const int64_t *dims, size_t rank, const void **data);
 /* y [rows, N] += the optional bias input [N] (Qwen2's q / k / v biases): the Add it replaces, value
  * for value, one kernel fewer a layer */
 #define BIAS 3

@@ -198,11 +198,11 @@ static OrtStatus *compute(const Kernel *kernel, OrtKernelContext *context) {
     const float *x;
     float *y;
     int64_t rows, nb = kernel->k / QK;
-    size_t blocks = (size_t)(kernel->n / COLUMNS) * (size_t)nb;
     const void *qs, *d;
     CHECK(input_and_output(kernel, context, &x, &rows, &y));
-    CHECK(weight(context, 1, blocks * GROUP_BYTES, &qs));
-    CHECK(weight(context, 2, blocks * COLUMNS, &d));
+    const int64_t qs_dims[] = {kernel->n / COLUMNS, nb, GROUP_BYTES}, d_dims[] = {kernel->n / COLUMNS, nb, COLUMNS};
+    CHECK(weight(context, 1, qs_dims, 3, &qs));
+    CHECK(weight(context, 2, d_dims, 3, &d));
     if (rows == 0) return NULL;
     Rows q;
     if (quantized_rows(x, rows, kernel->k, 8, &q)) return ort->CreateStatus(ORT_FAIL, "Q4_0MatMul: out of memory");

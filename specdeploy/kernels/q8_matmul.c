@@ -122,8 +122,9 @@ static OrtStatus *compute(const Kernel *kernel, OrtKernelContext *context) {
     int64_t rows, nb = kernel->k / QK;
     const void *b, *scales;
     CHECK(input_and_output(kernel, context, &x, &rows, &y));
-    CHECK(weight(context, 1, (size_t)kernel->n * kernel->k, &b));
-    CHECK(weight(context, 2, (size_t)kernel->n * nb, &scales));
+    const int64_t b_dims[] = {kernel->n, nb, QK}, scale_dims[] = {kernel->n * nb};
+    CHECK(weight(context, 1, b_dims, 3, &b));
+    CHECK(weight(context, 2, scale_dims, 1, &scales));
     if (rows == 0) return NULL;
     Work w = {.m = rows, .k = kernel->k, .n = kernel->n, .b = b, .scales = scales, .y = y};
     if (quantized_rows(x, rows, kernel->k, 128, &w.x)) return ort->CreateStatus(ORT_FAIL, "Q8MatMul: out of memory");
