@@ -202,7 +202,7 @@ def test_an_int4_bundle_by_the_operator_is_exact_and_names_it(q4_0_bundle):
 
     bundle, lines = q4_0_bundle
     manifest = manifest_io.read(bundle)
-    assert manifest.operators == ("q4_0",) and manifest.row_check["passed"]
+    assert manifest.operators == (kernels.Q4_0,) and manifest.row_check["passed"]
     in_place = manifest.extra["read_in_place"]         # what the runtime reads into huge-page memory
     size = (bundle / manifest.weights).stat().st_size
     assert {"draft", "verify", "head"} <= set(in_place)
@@ -225,7 +225,8 @@ def test_a_bundle_needing_the_operator_says_how_to_build_it(q4_0_bundle, tmp_pat
         Engine(bundle)
 
 
-def test_a_bundle_needing_an_unknown_operator_is_refused(q4_0_bundle, tmp_path):
+@pytest.mark.parametrize("name", ["q9_9", "q4_0"])  # unknown; the first layout (four columns a group)
+def test_a_bundle_needing_an_unknown_operator_is_refused(q4_0_bundle, tmp_path, name):
     import shutil
 
     from specdeploy.errors import BackendError
@@ -233,8 +234,8 @@ def test_a_bundle_needing_an_unknown_operator_is_refused(q4_0_bundle, tmp_path):
     bundle = tmp_path / "b"
     shutil.copytree(q4_0_bundle[0], bundle)
     manifest = manifest_io.read(bundle)
-    manifest_io.write(bundle, dataclasses.replace(manifest, operators=("q9_9",)))
-    with pytest.raises(BackendError, match="q9_9"):
+    manifest_io.write(bundle, dataclasses.replace(manifest, operators=(name,)))
+    with pytest.raises(BackendError, match=f"needs operator.s. {name}, .*re-export the bundle"):
         Engine(bundle)
 
 

@@ -92,7 +92,8 @@ def operator_library(operators: tuple[str, ...]) -> Path:
     unknown = [name for name in operators if name != kernels.Q4_0]
     if unknown:
         raise BackendError(f"this bundle needs operator(s) {', '.join(unknown)}, which this specdeploy does not "
-                           f"have; upgrade specdeploy or re-export the bundle")
+                           f"have (another version's weight layout): re-export the bundle with this specdeploy, "
+                           f"or run it with the version that made it")
     return kernels.library("this bundle")
 
 

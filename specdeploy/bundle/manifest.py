@@ -75,7 +75,7 @@ class Manifest:
     kv_spare_rows: int = 0                    # KV rows past max_context: fused attention's padded row
     feature_layers: tuple[int, ...] = ()      # layers whose input the graphs output, for a feature head
     feature_vocab: str | None = None          # .npy of the token ids the feature head's rows draft
-    operators: tuple[str, ...] = ()           # specdeploy's own operators the graphs use (kernels/): "q4_0"
+    operators: tuple[str, ...] = ()           # specdeploy's own operators the graphs use (kernels/): "q4_0.v2"
     files: dict[str, FileRecord] = field(default_factory=dict)  # every bound file; filled in by write()
     schema_version: int = SCHEMA_VERSION
     format: str = FORMAT

@@ -27,7 +27,8 @@ from ..errors import ConfigError
 HERE = Path(__file__).parent
 SOURCES = ("ops.c", "q4_0_matmul.c", "q8_matmul.c")  # with ops.h
 DOMAIN = "ai.specdeploy"
-Q4_0 = "q4_0"               # the manifest's name for this library's operator
+Q4_0 = "q4_0.v2"            # the manifest's name for this library's operators and their weights' layout
+                             # (v2: sixteen columns a group; a v1 bundle is refused at load: re-export it)
 HEADER = "onnxruntime_c_api.h"
 # Debian's package of ONNX Runtime's headers: any architecture's holds the same files
 HEADERS_URL = ("https://deb.debian.org/debian/pool/main/o/onnxruntime/"
