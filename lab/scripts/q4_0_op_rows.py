@@ -29,6 +29,7 @@ def session(kind: str, pairs: int):
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
+    from specdeploy import kernels
     from specdeploy.backends.onnxruntime import session_options
     from specdeploy.quantization import nbits, operators, q4_0
 
@@ -48,7 +49,7 @@ def session(kind: str, pairs: int):
         model.graph.node.append(made)
         current = out
     operators.use_domain(model)
-    options = session_options(operators=("q4_0",) if kind == "q4_0" else ())
+    options = session_options(operators=(kernels.Q4_0,) if kind == "q4_0" else ())
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
@@ -56,6 +57,7 @@ def head_session(kind: str):
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
+    from specdeploy import kernels
     from specdeploy.backends.onnxruntime import session_options
     from specdeploy.quantization import nbits, operators, q8
 
@@ -71,7 +73,7 @@ def head_session(kind: str):
     model.graph.node.append(q8.matmul_node(model, node, "w", blocks) if kind == "q4_0"
                             else nbits.matmul_node(model, node, "w", blocks, 4))
     operators.use_domain(model)
-    options = session_options(operators=("q4_0",) if kind == "q4_0" else ())
+    options = session_options(operators=(kernels.Q4_0,) if kind == "q4_0" else ())
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
