@@ -2,6 +2,7 @@
 independent of the call, and bundles that use it kept exact."""
 import ctypes
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -143,8 +144,6 @@ def test_a_bias_add_after_an_operator_becomes_its_input_with_the_same_sums(libra
 
 
 def _cpu_has(flag: str) -> bool:
-    from pathlib import Path
-
     info = Path("/proc/cpuinfo")
     return info.is_file() and f" {flag} " in f" {info.read_text()} ".replace("\n", " ")
 
@@ -177,6 +176,44 @@ def test_each_form_of_the_kernel_computes_the_product_with_rows_independent(libr
         assert np.abs(many - want).max() < 0.02 * np.abs(want).max()
         np.testing.assert_array_equal(many, np.concatenate([_call(entry, x[i:i + 1], weights, blocks.q.shape[0])
                                                             for i in range(6)]))
+
+
+ARM = ("aarch64-linux-gnu-gcc", "qemu-aarch64")  # a cross compiler and a user-mode emulator
+
+
+def test_the_arm_form_computes_the_product_with_rows_independent(tmp_path):
+    """The NEON dotprod form (what Jetson Orin builds), cross-built and run under an emulator where
+    both are installed: the product within int8 activations' error, each row bitwise the row alone."""
+    import shutil
+    import subprocess
+
+    if not all(shutil.which(tool) for tool in ARM) or kernels.find_include() is None:
+        pytest.skip("needs aarch64-linux-gnu-gcc, qemu-aarch64 and ONNX Runtime's C API header")
+    harness = tmp_path / "harness"
+    subprocess.run([ARM[0], "-O3", "-march=armv8.2-a+dotprod+fp16", "-std=c11", "-static",
+                    f"-I{kernels.find_include()}", *(str(kernels.HERE / s) for s in kernels.SOURCES),
+                    str(Path(__file__).with_name("kernel_harness.c")), "-o", str(harness), "-lm"], check=True)
+    rng = np.random.default_rng(8)
+    four = _blocks(rng, k=128, n=32)
+    eight = nbits.quantize(rng.normal(size=(96, 8)).astype(np.float32), 8, 32, "absmax")  # 3 blocks: an odd one
+    qs, d = q4_0.pack(four)
+
+    def run(kind, x, weights, n):
+        paths = [tmp_path / name for name in ("x.bin", "w.bin", "s.bin", "y.bin")]
+        for path, array in zip(paths, (x, *weights)):
+            path.write_bytes(np.ascontiguousarray(array).tobytes())
+        done = subprocess.run([ARM[1], str(harness), kind, *map(str, (*x.shape, n)), *map(str, paths)],
+                              capture_output=True, text=True, check=True)
+        assert done.stdout.strip() == "neon-dotprod"
+        return np.fromfile(paths[3], np.float32).reshape(x.shape[0], n)
+
+    for kind, blocks, weights in (("q4_0", four, (qs, d)), ("q8", eight, nbits.pack(eight))):
+        n = blocks.q.shape[0]
+        x = rng.normal(size=(6, blocks.q.shape[1] * 32)).astype(np.float32)
+        many = run(kind, x, weights, n)
+        want = x @ blocks.dequantize()
+        assert np.abs(many - want).max() < 0.02 * np.abs(want).max()
+        np.testing.assert_array_equal(many, np.concatenate([run(kind, x[i:i + 1], weights, n) for i in range(6)]))
 
 
 def _call(entry, rows: np.ndarray, weights: tuple, n: int) -> np.ndarray:
@@ -276,21 +313,26 @@ def test_the_kernel_is_refused_with_blocks_of_16():
         ComputeOptions(int4_kernel="q4_1")
 
 
-@pytest.mark.parametrize("change", ["columns", "layout"])
+@pytest.mark.parametrize("change", ["columns", "layout", "bias"])
 def test_weights_of_another_shape_than_the_nodes_are_refused_not_read_past(library, change):
     """The node says 128 columns where the weights hold 64; or the weights are in an earlier
-    layout of as many bytes (four columns a group: [N/4, K/32, 64])."""
-    from onnx import helper
+    layout of as many bytes (four columns a group: [N/4, K/32, 64]); or its bias is not [N]."""
+    from onnx import helper, numpy_helper
 
     model = _model(_blocks(np.random.default_rng(4)))
     node = model.graph.node[0]
     if change == "columns":
         node.attribute.remove(next(a for a in node.attribute if a.name == "N"))
         node.attribute.append(helper.make_attribute("N", 128))
-    else:
+    elif change == "layout":
         qs = next(t for t in model.graph.initializer if t.name == node.input[1])
         qs.dims[:] = [16, 8, 64]
-    with pytest.raises(Exception, match="shape does not match the node.s K and N in this library.s layout"):
+    else:
+        model.graph.initializer.append(numpy_helper.from_array(np.zeros(10, np.float32), "b"))
+        node.input.append("b")
+    message = "the bias must hold N values" if change == "bias" else \
+        "shape does not match the node.s K and N in this library.s layout"
+    with pytest.raises(Exception, match=message):
         _session(model, library).run(None, {"x": np.zeros((1, 1, 256), np.float32)})
 
 

@@ -53,21 +53,26 @@ static OrtStatus *element_count(const OrtValue *value, size_t *count) {
     return status;
 }
 
-OrtStatus *add_bias(const Kernel *kernel, OrtKernelContext *context, float *y, int64_t rows) {
+OrtStatus *bias_input(const Kernel *kernel, OrtKernelContext *context, const float **bias) {
     size_t inputs;
     CHECK(ort->KernelContext_GetInputCount(context, &inputs));
     const OrtValue *value = NULL;
     if (inputs > BIAS) CHECK(ort->KernelContext_GetInput(context, BIAS, &value));
+    *bias = NULL;
     if (!value) return NULL;
     size_t have;
     CHECK(element_count(value, &have));
     if (have != (size_t)kernel->n) return fail("specdeploy operator: the bias must hold N values");
     void *p;
     CHECK(ort->GetTensorMutableData((OrtValue *)value, &p));
-    const float *bias = p;
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < kernel->n; c++) y[r * kernel->n + c] += bias[c];
+    *bias = p;
     return NULL;
+}
+
+void add_bias(float *y, int64_t rows, int64_t n, const float *bias) {
+    if (!bias) return;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < n; c++) y[r * n + c] += bias[c];
 }
 
 OrtStatus *input_and_output(const Kernel *kernel, OrtKernelContext *context, const float **x, int64_t *rows,
@@ -223,6 +228,8 @@ const char *q4_0_form(void) {
     return "avx512-vnni";
 #elif defined(__AVX2__) && defined(__FMA__)
     return "avx2";
+#elif ARM_DOT
+    return "neon-dotprod";
 #else
     return "c";
 #endif

@@ -10,6 +10,13 @@
 #include <onnxruntime_c_api.h>
 
 #define QK 32
+/* Arm with the dot-product instructions (Armv8.2-A dotprod: Jetson Orin's Cortex-A78AE) */
+#if defined(__aarch64__) && defined(__ARM_NEON) && defined(__ARM_FEATURE_DOTPROD)
+#define ARM_DOT 1
+#include <arm_neon.h>
+#else
+#define ARM_DOT 0
+#endif
 #define CHECK(call) do { OrtStatus *status_ = (call); if (status_) return status_; } while (0)
 
 extern const OrtApi *ort;
@@ -38,9 +45,10 @@ OrtStatus *input_and_output(const Kernel *kernel, OrtKernelContext *context, con
                             float **y);
 /* weight input `index`'s data, refused unless its shape is `dims` (rank <= 4) */
 OrtStatus *weight(OrtKernelContext *context, size_t index, const int64_t *dims, size_t rank, const void **data);
-/* y [rows, N] += the optional bias input [N] (Qwen2's q / k / v biases): the Add it replaces, value
- * for value, one kernel fewer a layer */
+/* The optional bias input [N] (Qwen2's q / k / v biases), or NULL; add_bias: y [rows, N] += it, the
+ * Add it replaces value for value, one kernel fewer a layer */
 #define BIAS 3
-OrtStatus *add_bias(const Kernel *kernel, OrtKernelContext *context, float *y, int64_t rows);
+OrtStatus *bias_input(const Kernel *kernel, OrtKernelContext *context, const float **bias);
+void add_bias(float *y, int64_t rows, int64_t n, const float *bias);
 
 #endif

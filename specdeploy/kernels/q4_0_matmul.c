@@ -11,8 +11,9 @@
  * one column's whole block dot, so the float work (scale, convert, multiply-add) is one
  * instruction a block for sixteen columns. Every row runs the same instructions in the same order
  * whatever the rows beside it, so a verify row is bitwise the one-row step (the bundle's row check
- * asserts it). Forms: AVX-512 VNNI, AVX2, plain C; the build takes this machine's (-march=native),
- * so rows agree within one machine, as every kernel's do.
+ * asserts it). Forms: AVX-512 VNNI, AVX2, Arm NEON with dotprod (signed dots of q - 8: the same
+ * integers), plain C; the build takes this machine's (-march=native), so rows agree within one
+ * machine, as every kernel's do.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -62,7 +63,7 @@ static float half_to_float(uint16_t h) {
 #endif
 }
 
-/* y[r, 16g .. 16g+15] for one group and one row (the AVX2 and plain C forms). */
+/* y[r, 16g .. 16g+15] for one group and one row (the AVX2, Arm and plain C forms). */
 static void group_row(const Work *w, int64_t g, int64_t r) {
     const int64_t nb = w->k / QK;
     const uint8_t *wq = w->qs + (size_t)g * nb * GROUP_BYTES;
@@ -91,6 +92,32 @@ static void group_row(const Work *w, int64_t g, int64_t r) {
         }
         _mm256_storeu_ps(out + 8 * h, acc);
     }
+#elif ARM_DOT
+    const uint8x16_t low = vdupq_n_u8(0x0f);
+    const int8x16_t eight = vdupq_n_s8(8);
+    float32x4_t acc[4];
+    for (int h = 0; h < 4; h++) acc[h] = vdupq_n_f32(0.0f);
+    for (int64_t b = 0; b < nb; b++) {
+        int32x4_t dot[4];  /* columns 4h .. 4h+3, one lane each */
+        for (int h = 0; h < 4; h++) dot[h] = vdupq_n_s32(0);
+        for (int i = 0; i < 4; i++) {
+            int8x16_t alo = vreinterpretq_s8_s32(vdupq_n_s32(four_bytes(a + b * QK + 4 * i)));
+            int8x16_t ahi = vreinterpretq_s8_s32(vdupq_n_s32(four_bytes(a + b * QK + 16 + 4 * i)));
+            for (int h = 0; h < 4; h++) {
+                uint8x16_t q = vld1q_u8(wq + (size_t)b * GROUP_BYTES + 64 * i + 16 * h);
+                int8x16_t lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(q, low)), eight);
+                int8x16_t hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(q, 4)), eight);
+                dot[h] = vdotq_s32(vdotq_s32(dot[h], lo, alo), hi, ahi);
+            }
+        }
+        float32x4_t x = vdupq_n_f32(xd[b]);
+        for (int h = 0; h < 4; h++) {
+            float32x4_t scale = vmulq_f32(vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(wd + b * COLUMNS + 4 * h))), x);
+            acc[h] = vfmaq_f32(acc[h], scale, vcvtq_f32_s32(dot[h]));
+        }
+    }
+    (void)xs;  /* q - 8 carries the zero point */
+    for (int h = 0; h < 4; h++) vst1q_f32(out + 4 * h, acc[h]);
 #else
     for (int c = 0; c < COLUMNS; c++) {
         float total = 0.0f;
@@ -203,6 +230,8 @@ static OrtStatus *compute(const Kernel *kernel, OrtKernelContext *context) {
     const int64_t qs_dims[] = {kernel->n / COLUMNS, nb, GROUP_BYTES}, d_dims[] = {kernel->n / COLUMNS, nb, COLUMNS};
     CHECK(weight(context, 1, qs_dims, 3, &qs));
     CHECK(weight(context, 2, d_dims, 3, &d));
+    const float *bias;
+    CHECK(bias_input(kernel, context, &bias));
     if (rows == 0) return NULL;
     Rows q;
     if (quantized_rows(x, rows, kernel->k, 8, &q)) return ort->CreateStatus(ORT_FAIL, "Q4_0MatMul: out of memory");
@@ -210,7 +239,8 @@ static OrtStatus *compute(const Kernel *kernel, OrtKernelContext *context) {
     size_t tasks = (size_t)((kernel->n / COLUMNS + GROUPS_PER_TASK - 1) / GROUPS_PER_TASK);
     OrtStatus *status = ort->KernelContext_ParallelFor(context, run_task, tasks, 0, &w);
     free_rows(&q);
-    return status ? status : add_bias(kernel, context, y, rows);
+    if (!status) add_bias(y, rows, kernel->n, bias);
+    return status;
 }
 
 SpecOp q4_0_op = {.name = "Q4_0MatMul", .column_multiple = COLUMNS, .compute = compute,

@@ -73,7 +73,8 @@ static void rows_of(const Work *w, int64_t col, int64_t r0, int count) {
 }
 #else
 /* One (row, column) sum a block at a time: AVX2 multiplies |q| by a with q's sign (q = b - 128,
- * so no pair of products overflows 16 bits); plain C the same integers. */
+ * so no pair of products overflows 16 bits); Arm takes signed dots of b - 128 (q itself); plain C
+ * the same integers. */
 static void rows_of(const Work *w, int64_t col, int64_t r0, int count) {
     const int64_t nb = w->k / QK;
     const uint8_t *wb = w->b + (size_t)col * w->k;
@@ -95,6 +96,16 @@ static void rows_of(const Work *w, int64_t col, int64_t r0, int count) {
         s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         s = _mm_add_ss(s, _mm_movehdup_ps(s));
         w->y[(size_t)r * w->n + col] = _mm_cvtss_f32(s);
+#elif ARM_DOT
+        float total = 0.0f;
+        const uint8x16_t sign = vdupq_n_u8(0x80);
+        for (int64_t b = 0; b < nb; b++) {  /* b - 128 as int8 is q: signed dots, no zero point */
+            int8x16_t q0 = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(wb + b * QK), sign));
+            int8x16_t q1 = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(wb + b * QK + 16), sign));
+            int32x4_t dot = vdotq_s32(vdotq_s32(vdupq_n_s32(0), q0, vld1q_s8(a + b * QK)), q1, vld1q_s8(a + b * QK + 16));
+            total += ws[b] * xd[b] * (float)vaddvq_s32(dot);
+        }
+        w->y[(size_t)r * w->n + col] = total;
 #else
         float total = 0.0f;
         for (int64_t b = 0; b < nb; b++) {
@@ -125,13 +136,16 @@ static OrtStatus *compute(const Kernel *kernel, OrtKernelContext *context) {
     const int64_t b_dims[] = {kernel->n, nb, QK}, scale_dims[] = {kernel->n * nb};
     CHECK(weight(context, 1, b_dims, 3, &b));
     CHECK(weight(context, 2, scale_dims, 1, &scales));
+    const float *bias;
+    CHECK(bias_input(kernel, context, &bias));
     if (rows == 0) return NULL;
     Work w = {.m = rows, .k = kernel->k, .n = kernel->n, .b = b, .scales = scales, .y = y};
     if (quantized_rows(x, rows, kernel->k, 128, &w.x)) return ort->CreateStatus(ORT_FAIL, "Q8MatMul: out of memory");
     size_t tasks = (size_t)((kernel->n + COLUMNS_PER_TASK - 1) / COLUMNS_PER_TASK);
     OrtStatus *status = ort->KernelContext_ParallelFor(context, run_task, tasks, 0, &w);
     free_rows(&w.x);
-    return status ? status : add_bias(kernel, context, y, rows);
+    if (!status) add_bias(y, rows, kernel->n, bias);
+    return status;
 }
 
 SpecOp q8_op = {.name = "Q8MatMul", .column_multiple = 1, .compute = compute,
