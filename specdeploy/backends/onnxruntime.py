@@ -15,13 +15,13 @@ from ..bundle import io_names
 from ..bundle.manifest import GraphInfo, Manifest
 from ..constants import PROVIDERS
 from ..errors import BackendError, ConfigError
+from ..kernels import IN_PLACE_KEY
 from . import attention_window
 from .base import OutputBuffers, usable_cpus
 from .residency import anonymous_regions, collapse_new, drop_cached, page_out, read_anonymous, trim_heap, zeroed
 
 EXECUTION_PROVIDERS = dict(zip(PROVIDERS, ("CPUExecutionProvider", "CUDAExecutionProvider",
                                            "TensorrtExecutionProvider")))
-IN_PLACE_KEY = "read_in_place"  # manifest.extra: graph -> [name, offset, length, dtype, shape] a kernel reads every step
 SHRINK_AFTER_ROWS = 64  # more rows than any verify pass (MAX_DRAFT_TOKENS + 1): a prompt's prefill
 
 
@@ -114,6 +114,7 @@ class OrtStage:
         self.name, self.session, self.graph = name, session, graph
         self.binding = session.io_binding()
         self.kv = kv
+        self.held = None  # memory ONNX Runtime reads as initializers (in_place_weights): kept alive with the stage
         for out_name, in_name in io_names.kv_aliases(graph.layers).items():
             self.binding.bind_ortvalue_input(in_name, kv[in_name])
             self.binding.bind_ortvalue_output(out_name, kv[in_name])
@@ -243,7 +244,7 @@ def load_stages(bundle: Path, manifest: Manifest, provider: str | None = None, t
         trim_heap()
         page_out(bundle)
         stages[name] = OrtStage(name, session, graph, allocate_kv(manifest, graph.layers, device))
-        stages[name].held = (values, held)  # ONNX Runtime reads this memory; it lives with the stages
+        stages[name].held = (values, held)
     collapse_new(before)  # what the sessions packed, on 2 MB pages (residency.py)
     if device == "cpu":
         drop_cached(Path(bundle) / manifest.weights)  # a row read later maps one page, not a folio

@@ -29,6 +29,7 @@ SOURCES = ("ops.c", "q4_0_matmul.c", "q8_matmul.c")  # with ops.h
 DOMAIN = "ai.specdeploy"
 Q4_0 = "q4_0.v2"            # the manifest's name for this library's operators and their weights' layout
                              # (v2: sixteen columns a group; a v1 bundle is refused at load: re-export it)
+IN_PLACE_KEY = "read_in_place"  # manifest.extra: graph -> [name, offset, length, dtype, shape] an operator reads every step
 HEADER = "onnxruntime_c_api.h"
 # Debian's package of ONNX Runtime's headers: any architecture's holds the same files
 HEADERS_URL = ("https://deb.debian.org/debian/pool/main/o/onnxruntime/"

@@ -43,9 +43,10 @@ typedef struct {
     float *y;
 } Work;
 
-static int32_t four_bytes(const int8_t *a) { int32_t v; memcpy(&v, a, 4); return v; }
+static inline int32_t four_bytes(const int8_t *a) { int32_t v; memcpy(&v, a, 4); return v; }
 
 #if !WIDE
+#if !(defined(__AVX2__) && defined(__FMA__)) && !ARM_DOT  /* the plain C form's float16 scales */
 static float half_to_float(uint16_t h) {
 #if defined(__F16C__)
     return _cvtsh_ss(h);
@@ -62,6 +63,7 @@ static float half_to_float(uint16_t h) {
     float f; memcpy(&f, &bits, 4); return f;
 #endif
 }
+#endif
 
 /* y[r, 16g .. 16g+15] for one group and one row (the AVX2, Arm and plain C forms). */
 static void group_row(const Work *w, int64_t g, int64_t r) {

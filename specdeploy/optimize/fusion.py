@@ -269,7 +269,7 @@ def fuse_split_biases(model) -> int:
     g, inits = _Graph(model), {t.name: t for t in model.graph.initializer}
     placed, gone = {}, set()
     for split in [n for n in model.graph.node if n.op_type == "Split" and len(n.input) == 2]:
-        adds = [_bias_add(g, inits, name) for name in split.output]
+        adds = [bias_add(g, inits, name) for name in split.output]
         sizes = g.value(split.input[1])
         if not all(adds) or sizes is None or _attrs(split).get("axis") not in (-1, 2) or \
                 [a[1].size for a in adds] != [int(v) for v in sizes]:
@@ -286,8 +286,9 @@ def fuse_split_biases(model) -> int:
     return len(placed)
 
 
-def _bias_add(g: _Graph, inits: dict, name: str):
-    """(Add, bias [N]) when `name` is read only by an Add of a constant 1-D float initializer."""
+def bias_add(g: _Graph, inits: dict, name: str):
+    """(Add, bias [N]) when `name` is read only by an Add of a constant 1-D float initializer (also
+    quantization/operators.fuse_biases)."""
 
     readers = g.consumers.get(name, [])
     add = readers[0] if len(readers) == 1 and readers[0].op_type == "Add" else None

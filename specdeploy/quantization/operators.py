@@ -34,26 +34,19 @@ def fuse_biases(model) -> int:
     """An operator whose product is read only by an Add of a constant float bias [N] (Qwen2's q / k /
     v biases) takes that bias as its optional fourth input, as MatMulNBits takes its own: the same
     sums, one kernel fewer a layer. Returns how many Adds went."""
-    from onnx import TensorProto
-
+    from ..optimize.fusion import _Graph, bias_add
     from ..optimize.graph import set_nodes
 
-    inits = {t.name: t for t in model.graph.initializer}
-    readers: dict[str, list] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    g, inits = _Graph(model), {t.name: t for t in model.graph.initializer}
     outputs = {o.name for o in model.graph.output}
     gone = set()
     for node in [n for n in model.graph.node if n.domain == DOMAIN and len(n.input) == 3]:
-        add = readers.get(node.output[0], [])
-        add = add[0] if len(add) == 1 and add[0].op_type == "Add" and node.output[0] not in outputs else None
-        bias = add and [inits.get(i) for i in add.input if i != node.output[0]]
+        found = bias_add(g, inits, node.output[0]) if node.output[0] not in outputs else None
         n = next((a.i for a in node.attribute if a.name == "N"), None)
-        if not bias or len(bias) != 1 or bias[0] is None or list(bias[0].dims) != [n] or \
-                bias[0].data_type != TensorProto.FLOAT:
+        if found is None or found[1].shape != (n,):
             continue
-        node.input.append(bias[0].name)
+        add, _ = found
+        node.input.append(next(i for i in add.input if i != node.output[0]))
         node.output[0] = add.output[0]
         gone.add(id(add))
     set_nodes(model, [n for n in model.graph.node if id(n) not in gone])

@@ -214,7 +214,7 @@ def quantize_bundle(bundle: Path, options: QuantizeOptions, texts: list[str] | N
 
     operators = names(bundle, graphs)
     if operators:
-        from ..backends.onnxruntime import IN_PLACE_KEY
+        from ..kernels import IN_PLACE_KEY
 
         extra[IN_PLACE_KEY] = in_place_table(bundle, graphs)
     seal(bundle, manifest.replace(graphs=graphs, precision=options.label(plan), extra=extra,
