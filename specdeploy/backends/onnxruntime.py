@@ -89,7 +89,7 @@ def operator_library(operators: tuple[str, ...]) -> Path:
     """The library holding `operators` (kernels/), built here on first use."""
     from .. import kernels
 
-    unknown = [name for name in operators if name != kernels.Q4_0]
+    unknown = [name for name in operators if name not in kernels.NAMES]
     if unknown:
         raise BackendError(f"this bundle needs operator(s) {', '.join(unknown)}, which this specdeploy does not "
                            f"have (another version's weight layout): re-export the bundle with this specdeploy, "

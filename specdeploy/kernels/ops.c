@@ -4,6 +4,9 @@
 
 #include <math.h>
 #include <stdlib.h>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 const OrtApi *ort;
 
@@ -23,6 +26,40 @@ static void quantize_row(const float *x, int64_t k, int32_t zero, int8_t *xq, fl
         }
         xd[b] = d;
         xs[b] = zero * sum;
+    }
+}
+
+float half_to_float(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0) {
+        if (man == 0) { bits = sign; } else {
+            exp = 127 - 15 + 1;
+            while (!(man & 0x400)) { man <<= 1; exp--; }
+            bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
+        }
+    } else if (exp == 31) { bits = sign | 0x7f800000 | (man << 13); }
+    else { bits = sign | ((exp + 127 - 15) << 23) | (man << 13); }
+    float f; memcpy(&f, &bits, 4); return f;
+#endif
+}
+
+#define GROUPS_PER_TASK 2  /* 32 columns a task of ONNX Runtime's pool */
+
+size_t group_tasks(int64_t groups) { return (size_t)((groups + GROUPS_PER_TASK - 1) / GROUPS_PER_TASK); }
+
+void group_task(const void *work, int64_t m, int64_t groups, size_t task, GroupRows rows) {
+    int64_t first = (int64_t)task * GROUPS_PER_TASK;
+    int64_t last = first + GROUPS_PER_TASK < groups ? first + GROUPS_PER_TASK : groups;
+    if (m <= TILE) {  /* decoding, a verify pass: every row in one sweep, one weight stream */
+        for (int64_t g = first; g < last; g++) rows(work, g, 1, 0, (int)m);
+        return;
+    }
+    for (int64_t g = first; g < last; g += 2) {  /* a prefill chunk: tiles of 4 rows x 2 column groups */
+        int two = g + 1 < last ? 2 : 1;
+        for (int64_t r = 0; r < m; r += 4) rows(work, g, two, r, m - r < 4 ? (int)(m - r) : 4);
     }
 }
 
@@ -214,9 +251,11 @@ OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtA
     if (!ort) return NULL;  /* older than 1.17: the session then names the operators as unknown */
     if (!domain) {
         fill(&q4_0_op, version);
+        fill(&q4_k_op, version);
         fill(&q8_op, version);
         CHECK(ort->CreateCustomOpDomain("ai.specdeploy", &domain));
         CHECK(ort->CustomOpDomain_Add(domain, &q4_0_op.base));
+        CHECK(ort->CustomOpDomain_Add(domain, &q4_k_op.base));
         CHECK(ort->CustomOpDomain_Add(domain, &q8_op.base));
     }
     return ort->AddCustomOpDomain(options, domain);

@@ -6,6 +6,7 @@
 #define SPECDEPLOY_OPS_H
 
 #include <stdint.h>
+#include <string.h>
 
 #include <onnxruntime_c_api.h>
 
@@ -31,7 +32,20 @@ typedef struct {
 } SpecOp;
 struct Kernel { int64_t k, n; const SpecOp *op; };
 
-extern SpecOp q4_0_op, q8_op;
+extern SpecOp q4_0_op, q4_k_op, q8_op;
+
+static inline int32_t four_bytes(const int8_t *a) { int32_t v; memcpy(&v, a, 4); return v; }
+float half_to_float(uint16_t h);  /* the plain C forms' float16 scales */
+
+/* The operators over groups of sixteen output columns share one schedule: task `task` of
+ * ceil(groups / 2) takes two groups; up to TILE rows (decoding, a verify pass) go through each
+ * group in one tile, more (a prefill chunk) in tiles of four rows by two groups. `rows` computes
+ * groups g .. g+count_groups-1 for rows r0 .. r0+count-1, each (row, column) sum the same
+ * instructions whatever the tile, so a verify row is bitwise the one-row step. */
+#define TILE 8
+typedef void (*GroupRows)(const void *work, int64_t g, int groups, int64_t r0, int count);
+void group_task(const void *work, int64_t m, int64_t groups, size_t task, GroupRows rows);
+size_t group_tasks(int64_t groups);
 
 /* Activation rows as int8 blocks of 32: xq [M, K], xd [M, K/32] scales, xs [M, K/32] zero x each
  * block's int8 sum (the unsigned weights' zero point comes off as that). */

@@ -30,8 +30,6 @@
 #endif
 #define COLUMNS 16         /* output columns a group: one int32 lane each */
 #define GROUP_BYTES 256    /* a group's block: 16 columns x 16 bytes */
-#define GROUPS_PER_TASK 2  /* 32 columns a task of ONNX Runtime's pool */
-#define TILE 8             /* rows a tile holds: a verify pass's rows in one sweep over the weights */
 
 typedef struct {
     int64_t m, k, n;
@@ -43,28 +41,7 @@ typedef struct {
     float *y;
 } Work;
 
-static inline int32_t four_bytes(const int8_t *a) { int32_t v; memcpy(&v, a, 4); return v; }
-
 #if !WIDE
-#if !(defined(__AVX2__) && defined(__FMA__)) && !ARM_DOT  /* the plain C form's float16 scales */
-static float half_to_float(uint16_t h) {
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-    if (exp == 0) {
-        if (man == 0) { bits = sign; } else {
-            exp = 127 - 15 + 1;
-            while (!(man & 0x400)) { man <<= 1; exp--; }
-            bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
-        }
-    } else if (exp == 31) { bits = sign | 0x7f800000 | (man << 13); }
-    else { bits = sign | ((exp + 127 - 15) << 23) | (man << 13); }
-    float f; memcpy(&f, &bits, 4); return f;
-#endif
-}
-#endif
-
 /* y[r, 16g .. 16g+15] for one group and one row (the AVX2, Arm and plain C forms). */
 static void group_row(const Work *w, int64_t g, int64_t r) {
     const int64_t nb = w->k / QK;
@@ -182,7 +159,8 @@ static inline __attribute__((always_inline)) void tile_rows(const Work *w, int64
 #endif
 
 /* Groups g .. g+groups-1 (1 or 2) for rows r0 .. r0+count-1. */
-static void group_rows(const Work *w, int64_t g, int groups, int64_t r0, int count) {
+static void group_rows(const void *work, int64_t g, int groups, int64_t r0, int count) {
+    const Work *w = work;
 #if WIDE
     if (groups == 2) {  /* count <= 4 */
         switch (count) {
@@ -211,16 +189,7 @@ static void group_rows(const Work *w, int64_t g, int groups, int64_t r0, int cou
 
 static void run_task(void *data, size_t task) {
     const Work *w = (const Work *)data;
-    int64_t groups = w->n / COLUMNS, first = (int64_t)task * GROUPS_PER_TASK;
-    int64_t last = first + GROUPS_PER_TASK < groups ? first + GROUPS_PER_TASK : groups;
-    if (w->m <= TILE) {  /* decoding, a verify pass: every row in one sweep, one weight stream */
-        for (int64_t g = first; g < last; g++) group_rows(w, g, 1, 0, (int)w->m);
-        return;
-    }
-    for (int64_t g = first; g < last; g += 2) {  /* a prefill chunk: tiles of 4 rows x 2 column groups */
-        int two = g + 1 < last ? 2 : 1;
-        for (int64_t r = 0; r < w->m; r += 4) group_rows(w, g, two, r, w->m - r < 4 ? (int)(w->m - r) : 4);
-    }
+    group_task(w, w->m, w->n / COLUMNS, task, group_rows);
 }
 
 static OrtStatus *compute(const Kernel *kernel, OrtKernelContext *context) {
@@ -238,8 +207,7 @@ static OrtStatus *compute(const Kernel *kernel, OrtKernelContext *context) {
     Rows q;
     if (quantized_rows(x, rows, kernel->k, 8, &q)) return ort->CreateStatus(ORT_FAIL, "Q4_0MatMul: out of memory");
     Work w = {.m = rows, .k = kernel->k, .n = kernel->n, .qs = qs, .d = d, .xq = q.xq, .xd = q.xd, .xs = q.xs, .y = y};
-    size_t tasks = (size_t)((kernel->n / COLUMNS + GROUPS_PER_TASK - 1) / GROUPS_PER_TASK);
-    OrtStatus *status = ort->KernelContext_ParallelFor(context, run_task, tasks, 0, &w);
+    OrtStatus *status = ort->KernelContext_ParallelFor(context, run_task, group_tasks(kernel->n / COLUMNS), 0, &w);
     free_rows(&q);
     if (!status) add_bias(y, rows, kernel->n, bias);
     return status;
@@ -253,7 +221,7 @@ int q4_0_matmul(const float *x, int64_t m, int64_t k, const uint8_t *qs, const u
     Rows q;
     if (quantized_rows(x, m, k, 8, &q)) return -1;
     Work w = {.m = m, .k = k, .n = n, .qs = qs, .d = d, .xq = q.xq, .xd = q.xd, .xs = q.xs, .y = y};
-    for (size_t t = 0; t < (size_t)((n / COLUMNS + GROUPS_PER_TASK - 1) / GROUPS_PER_TASK); t++) run_task(&w, t);
+    for (size_t t = 0; t < group_tasks(n / COLUMNS); t++) run_task(&w, t);
     free_rows(&q);
     return 0;
 }

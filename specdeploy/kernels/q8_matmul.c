@@ -18,7 +18,7 @@
 #endif
 
 #define COLUMNS_PER_TASK 64
-#define TILE 8  /* rows a tile holds: a verify pass's rows in one sweep over the weights */
+
 
 typedef struct {
     int64_t m, k, n;

@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from .nbits import Blocks
+from .nbits import Blocks, SuperScales
 
 GGUF_BLOCK = 32
 # compute precision -> the GGUF types it takes exactly, each at the narrowest MatMulNBits width
@@ -67,6 +67,17 @@ def _decode_q4_k(raw: np.ndarray):
     qs = blocks[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
     q = (qs & 0x0F).reshape(rows, -1, GGUF_BLOCK).astype(np.int8)                # [rows, nb, 32]
     return np.ascontiguousarray(q), scale.reshape(rows, -1), -minimum.reshape(rows, -1)
+
+
+def _q4_k_scales(raw: np.ndarray) -> SuperScales:
+    """A Q4_K tensor's own scales, as the file holds them (Q4_KMatMul reads these)."""
+    from gguf.quants import Q4_K
+
+    rows = raw.shape[0]
+    blocks = raw.reshape(-1, _Q4_K_BYTES)                                        # [R, 144]
+    sc, mn = Q4_K.get_scale_min(np.ascontiguousarray(blocks[:, 4:16]))           # [R, 8] each
+    half = lambda at: np.ascontiguousarray(blocks[:, at:at + 2]).view(np.float16).reshape(rows, -1)  # noqa: E731
+    return SuperScales(half(0), half(2), sc.astype(np.uint8).reshape(rows, -1), mn.astype(np.uint8).reshape(rows, -1))
 
 
 def _decode_q5_0(raw: np.ndarray):
@@ -147,20 +158,24 @@ class BlockIndex:
                     self.rows[_row_key(values[r])] = (len(self._tensors) - 1, start + r)
 
     def _decoded(self, found: list[tuple[int, int]]):
-        """(q, scales, offsets or None, bits) of the rows `found`, in order, in the symmetric form."""
-        parts = []
+        """(q, scales, offsets or None, bits, Q4_K's own scales or None) of the rows `found`, in order,
+        in the symmetric form."""
+        parts, own = [], []
         for tensor in dict.fromkeys(t for t, _ in found):
             raw, kind = self._tensors[tensor]
-            q, d, m = _DECODERS[kind](raw()[np.array([r for t, r in found if t == tensor])])
+            rows = raw()[np.array([r for t, r in found if t == tensor])]
+            q, d, m = _DECODERS[kind](rows)
             if m is not None:
                 q, m = q - 8, m + np.float32(8) * d
             parts.append((q, d, m))
+            own.append(_q4_k_scales(rows) if kind == "Q4_K" else None)
         order = [t for t, _ in found]
         if order != sorted(order, key=list(dict.fromkeys(order)).index):  # rows from tensors interleaved
             return None
         q, d = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
         m = None if parts[0][2] is None else np.concatenate([p[2] for p in parts])
-        return q, d, m, 8 if self._tensors[found[0][0]][1] in _WIDE else 4
+        own = None if any(o is None for o in own) else SuperScales.joined(own)
+        return q, d, m, 8 if self._tensors[found[0][0]][1] in _WIDE else 4, own
 
     @classmethod
     def from_file(cls, path: Path, precision: str) -> "BlockIndex | None":
@@ -192,7 +207,8 @@ class BlockIndex:
         decoded = self._decoded(found)
         if decoded is None:
             return None
-        q, scales, offsets, bits = decoded  # [N, K/b, b] (b the file's block), [N, K/b], [N, K/32] or None
+        q, scales, offsets, bits, own = decoded  # [N, K/b, b] (b the file's block), [N, K/b], [N, K/32] or None
         split = GGUF_BLOCK // block if bits == 4 else 1
         n, nb = scales.shape
-        return Blocks(q.reshape(n, nb * split, -1), np.repeat(scales, split, axis=1), bits, offsets)
+        return Blocks(q.reshape(n, nb * split, -1), np.repeat(scales, split, axis=1), bits, offsets,
+                      own if split == 1 else None)

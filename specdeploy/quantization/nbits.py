@@ -25,11 +25,26 @@ OFFSET_BLOCK = 32  # weights of K sharing one float offset (GGUF's block)
 
 
 @dataclass(frozen=True)
+class SuperScales:
+    """A GGUF Q4_K weight's own scales, kept beside its Blocks so that specdeploy's Q4_KMatMul reads
+    them as the file holds them: block b's scale is d·sc[b], its minimum dmin·mn[b]."""
+    d: np.ndarray     # float16 [N, K/256]
+    dmin: np.ndarray  # float16 [N, K/256]
+    sc: np.ndarray    # uint8 [N, K/32], 6-bit
+    mn: np.ndarray    # uint8 [N, K/32], 6-bit
+
+    @staticmethod
+    def joined(parts: list[SuperScales]) -> SuperScales:
+        return SuperScales(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("d", "dmin", "sc", "mn")))
+
+
+@dataclass(frozen=True)
 class Blocks:
     q: np.ndarray       # int8 [N, K/block, block], in [-2^(bits-1), 2^(bits-1) - 1]
     scales: np.ndarray  # float32 [N, K/block]
     bits: int
     offsets: np.ndarray | None = None  # float32 [N, K/32], or None: symmetric
+    super_scales: SuperScales | None = None  # a Q4_K source's own scales (blocks of 32), or None
 
     @property
     def block(self) -> int:
@@ -39,8 +54,9 @@ class Blocks:
     def joined(parts: list[Blocks]) -> Blocks:
         """Blocks of consecutive column slices of one W, as one."""
         offsets = None if parts[0].offsets is None else np.concatenate([p.offsets for p in parts])
+        own = None if any(p.super_scales is None for p in parts) else SuperScales.joined([p.super_scales for p in parts])
         return Blocks(np.concatenate([p.q for p in parts]), np.concatenate([p.scales for p in parts]), parts[0].bits,
-                      offsets)
+                      offsets, own)
 
     def dequantize(self) -> np.ndarray:
         """W [K, N] as float32."""

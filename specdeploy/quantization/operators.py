@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..kernels import DOMAIN, Q4_0 as NAME
+from ..kernels import DOMAIN, Q4_0, Q4_K
 
 
 def uses(model) -> bool:
@@ -54,11 +54,15 @@ def fuse_biases(model) -> int:
 
 
 def names(bundle: Path, graphs: dict) -> tuple[str, ...]:
-    """The manifest's `operators`: the library the graphs need, or none."""
+    """The manifest's `operators`: the library's operators and layouts the graphs need, or none
+    (Q4_0MatMul and Q8MatMul are "q4_0.v2", Q4_KMatMul "q4_k.v1")."""
     import onnx
 
-    used = any(uses(onnx.load(str(bundle / g.file), load_external_data=False)) for g in graphs.values())
-    return (NAME,) if used else ()
+    from .q4_k import OP as Q4_K_OP
+
+    ops = {n.op_type for g in graphs.values()
+           for n in onnx.load(str(bundle / g.file), load_external_data=False).graph.node if n.domain == DOMAIN}
+    return tuple(name for name, used in ((Q4_0, bool(ops - {Q4_K_OP})), (Q4_K, Q4_K_OP in ops)) if used)
 
 
 def in_place_table(bundle: Path, graphs: dict) -> dict[str, list]:

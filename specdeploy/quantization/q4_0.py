@@ -38,22 +38,33 @@ def pack(blocks: Blocks) -> tuple[np.ndarray, np.ndarray]:
     in its low nibble and q[j + 16] + 8 in its high one, as GGUF's Q4_0 does; a group's block is
     four runs of 64 bytes, run i holding bytes 4i .. 4i+3 of each of the sixteen columns."""
     n, nb, _ = blocks.q.shape
-    u = (blocks.q.astype(np.int16) + 8).astype(np.uint8)                    # [N, nb, 32]
+    d = blocks.scales.astype(np.float16).reshape(n // COLUMNS, COLUMNS, nb).transpose(0, 2, 1)
+    return nibbles(blocks.q), np.ascontiguousarray(d)
+
+
+def nibbles(q: np.ndarray) -> np.ndarray:
+    """qs uint8 [N/16, nb, 256] of q int8 [N, nb, 32] in -8..7 (Q4_KMatMul's too)."""
+    n, nb, _ = q.shape
+    u = (q.astype(np.int16) + 8).astype(np.uint8)                           # [N, nb, 32]
     body = u[..., :16] | (u[..., 16:] << 4)                                  # [N, nb, 16]
     runs = body.reshape(n // COLUMNS, COLUMNS, nb, 16 // CHUNK, CHUNK)       # [G, c, nb, i, 4]
     qs = runs.transpose(0, 2, 3, 1, 4)                                       # [G, nb, i, c, 4]
-    d = blocks.scales.astype(np.float16).reshape(n // COLUMNS, COLUMNS, nb).transpose(0, 2, 1)
-    return np.ascontiguousarray(qs.reshape(n // COLUMNS, nb, 16 * COLUMNS)), np.ascontiguousarray(d)
+    return np.ascontiguousarray(qs.reshape(n // COLUMNS, nb, 16 * COLUMNS))
 
 
 def unpack(qs: np.ndarray, d: np.ndarray) -> Blocks:
     """Inverse of `pack`."""
     groups, nb, _ = qs.shape
+    scales = d.transpose(0, 2, 1).reshape(groups * COLUMNS, nb).astype(np.float32)
+    return Blocks(unpack_nibbles(qs), scales, 4)
+
+
+def unpack_nibbles(qs: np.ndarray) -> np.ndarray:
+    """Inverse of `nibbles`."""
+    groups, nb, _ = qs.shape
     runs = qs.reshape(groups, nb, 16 // CHUNK, COLUMNS, CHUNK).transpose(0, 3, 1, 2, 4)  # [G, c, nb, i, 4]
     body = runs.reshape(groups * COLUMNS, nb, 16)
-    q = np.concatenate([body & 0x0F, body >> 4], axis=-1).astype(np.int8) - np.int8(8)
-    scales = d.transpose(0, 2, 1).reshape(groups * COLUMNS, nb).astype(np.float32)
-    return Blocks(np.ascontiguousarray(q), scales, 4)
+    return np.ascontiguousarray(np.concatenate([body & 0x0F, body >> 4], axis=-1).astype(np.int8) - np.int8(8))
 
 
 def matmul_node(model, node, weight_name: str, blocks: Blocks, output: str | None = None, input: str | None = None):

@@ -1,0 +1,261 @@
+/* Q4_KMatMul (domain ai.specdeploy): y [.., N] = x [.., K] @ W for int4 weights stored as GGUF's
+ * Q4_K super-blocks (256 weights: float16 d and dmin, eight sub-blocks of 32 each with a 6-bit scale
+ * sc and minimum m, weights q in 0..15; w = d·sc·q − dmin·m), laid out sixteen output columns at a
+ * time as Q4_0MatMul's (q4_0_matmul.c):
+ *   qs uint8 [N/16, K/32, 256]   the nibbles, exactly Q4_0MatMul's interleave (q itself, not q + 8)
+ *   sc uint8 [N/16, K/256, 320]  per super-block: the sixteen columns' d (float16, bytes 0..31) and
+ *                                dmin (32..63), then per sub-block j the sixteen sc (64 + 32j ..)
+ *                                and the sixteen m (80 + 32j ..), the file's 6-bit values a byte each
+ * 4.625 bits a weight against the file's 4.5 (the 6-bit scales and minima unpacked to bytes).
+ *
+ * Each row of x is quantized to int8 per block of 32 with its block sum (ops.c). Per sub-block the
+ * integer dot of q with the row, then two float multiply-adds for sixteen columns at once:
+ * + (d·sc)·xd·dot and − (dmin·m)·(xd·sum), d·sc and dmin·m exact in float32; so the minima are
+ * applied exactly, as block sums of the activations. Every row runs the same instructions in the
+ * same order whatever the rows beside it: a verify row is bitwise the one-row step. Forms: AVX-512
+ * VNNI, AVX2, Arm NEON dotprod, plain C.
+ */
+#include <stdlib.h>
+
+#include "ops.h"
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define WIDE 1
+#else
+#define WIDE 0
+#endif
+#define COLUMNS 16
+#define GROUP_BYTES 256   /* a group's sub-block of nibbles: 16 columns x 16 bytes */
+#define SUB 8             /* sub-blocks of 32 a super-block */
+#define SUPER_BYTES 320   /* a group's super-block scales: d, dmin, then sc / m per sub-block */
+
+typedef struct {
+    int64_t m, k, n;
+    const uint8_t *qs;
+    const uint8_t *sc;
+    Rows x;
+    float *y;
+} Work;
+
+/* the scales of group g's super-block s */
+static inline const uint8_t *scales_at(const Work *w, int64_t g, int64_t s) {
+    return w->sc + ((size_t)g * (w->k / (QK * SUB)) + s) * SUPER_BYTES;
+}
+
+#if !WIDE
+/* y[r, 16g .. 16g+15] for one group and one row (the AVX2, Arm and plain C forms). */
+static void group_row(const Work *w, int64_t g, int64_t r) {
+    const int64_t nb = w->k / QK;
+    const uint8_t *wq = w->qs + (size_t)g * nb * GROUP_BYTES;
+    const int8_t *a = w->x.xq + (size_t)r * w->k;
+    const float *xd = w->x.xd + (size_t)r * nb;
+    const int32_t *xs = w->x.xs + (size_t)r * nb;
+    float *out = w->y + (size_t)r * w->n + COLUMNS * g;
+#if defined(__AVX2__) && defined(__FMA__)
+    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    for (int h = 0; h < 2; h++) {  /* columns 8h .. 8h+7, one int32 lane each */
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *s = scales_at(w, g, b / SUB), *j = s + 64 + 32 * (b % SUB);
+            __m256i dot = _mm256_setzero_si256();
+            for (int i = 0; i < 4; i++) {
+                __m256i q = _mm256_loadu_si256((const __m256i *)(wq + (size_t)b * GROUP_BYTES + 64 * i + 32 * h));
+                __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+                __m256i alo = _mm256_set1_epi32(four_bytes(a + b * QK + 4 * i));
+                __m256i ahi = _mm256_set1_epi32(four_bytes(a + b * QK + 16 + 4 * i));
+                dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(lo, alo), ones));
+                dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ahi), ones));
+            }
+            __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 16 * h)));
+            __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 32 + 16 * h)));
+            __m256 scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(j + 8 * h)))));
+            __m256 least = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(j + 16 + 8 * h)))));
+            acc = _mm256_fmadd_ps(_mm256_mul_ps(scale, _mm256_set1_ps(xd[b])), _mm256_cvtepi32_ps(dot), acc);
+            acc = _mm256_fnmadd_ps(least, _mm256_set1_ps(xd[b] * (float)xs[b]), acc);
+        }
+        _mm256_storeu_ps(out + 8 * h, acc);
+    }
+#elif ARM_DOT
+    const uint8x16_t low = vdupq_n_u8(0x0f);
+    float32x4_t acc[4];
+    for (int h = 0; h < 4; h++) acc[h] = vdupq_n_f32(0.0f);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *s = scales_at(w, g, b / SUB), *j = s + 64 + 32 * (b % SUB);
+        int32x4_t dot[4];  /* columns 4h .. 4h+3, one lane each */
+        for (int h = 0; h < 4; h++) dot[h] = vdupq_n_s32(0);
+        for (int i = 0; i < 4; i++) {
+            int8x16_t alo = vreinterpretq_s8_s32(vdupq_n_s32(four_bytes(a + b * QK + 4 * i)));
+            int8x16_t ahi = vreinterpretq_s8_s32(vdupq_n_s32(four_bytes(a + b * QK + 16 + 4 * i)));
+            for (int h = 0; h < 4; h++) {  /* q in 0..15 is its own signed byte */
+                uint8x16_t q = vld1q_u8(wq + (size_t)b * GROUP_BYTES + 64 * i + 16 * h);
+                int8x16_t lo = vreinterpretq_s8_u8(vandq_u8(q, low)), hi = vreinterpretq_s8_u8(vshrq_n_u8(q, 4));
+                dot[h] = vdotq_s32(vdotq_s32(dot[h], lo, alo), hi, ahi);
+            }
+        }
+        float32x4_t x = vdupq_n_f32(xd[b]), sum = vdupq_n_f32(xd[b] * (float)xs[b]);
+        uint8x16_t sc = vld1q_u8(j), mn = vld1q_u8(j + 16);
+        uint16x8_t sc_half[2] = {vmovl_u8(vget_low_u8(sc)), vmovl_u8(vget_high_u8(sc))};
+        uint16x8_t mn_half[2] = {vmovl_u8(vget_low_u8(mn)), vmovl_u8(vget_high_u8(mn))};
+        for (int h = 0; h < 4; h++) {
+            float32x4_t d = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)s + 4 * h)));
+            float32x4_t dmin = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)(s + 32) + 4 * h)));
+            uint16x4_t sc4 = h & 1 ? vget_high_u16(sc_half[h / 2]) : vget_low_u16(sc_half[h / 2]);
+            uint16x4_t mn4 = h & 1 ? vget_high_u16(mn_half[h / 2]) : vget_low_u16(mn_half[h / 2]);
+            float32x4_t scale = vmulq_f32(d, vcvtq_f32_u32(vmovl_u16(sc4)));
+            float32x4_t least = vmulq_f32(dmin, vcvtq_f32_u32(vmovl_u16(mn4)));
+            acc[h] = vfmaq_f32(acc[h], vmulq_f32(scale, x), vcvtq_f32_s32(dot[h]));
+            acc[h] = vfmsq_f32(acc[h], least, sum);
+        }
+    }
+    for (int h = 0; h < 4; h++) vst1q_f32(out + 4 * h, acc[h]);
+#else
+    for (int c = 0; c < COLUMNS; c++) {
+        float total = 0.0f;
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *s = scales_at(w, g, b / SUB), *j = s + 64 + 32 * (b % SUB);
+            uint16_t dh, mh;
+            memcpy(&dh, s + 2 * c, 2);
+            memcpy(&mh, s + 32 + 2 * c, 2);
+            int32_t dot = 0;
+            for (int e = 0; e < 16; e++) {
+                uint8_t q = wq[(size_t)b * GROUP_BYTES + 64 * (e / 4) + 4 * c + e % 4];
+                dot += (q & 0x0f) * a[b * QK + e] + (q >> 4) * a[b * QK + e + 16];
+            }
+            float scale = half_to_float(dh) * (float)j[c], least = half_to_float(mh) * (float)j[16 + c];
+            total += scale * xd[b] * (float)dot;
+            total -= least * (xd[b] * (float)xs[b]);
+        }
+        out[c] = total;
+    }
+#endif
+}
+
+#else
+/* y[r, 16g .. 16(g+groups)-1] for `groups` (1 or 2) groups and rows r0 .. r0+count-1, as
+ * Q4_0MatMul's tile: each sub-block's nibbles unpacked once for the tile's rows; inlined for each
+ * constant count and groups so that the sums stay in registers. */
+static inline __attribute__((always_inline)) void tile_rows(const Work *w, int64_t g, int64_t r0, const int count,
+                                                            const int groups) {
+    const int64_t nb = w->k / QK;
+    const __m512i low = _mm512_set1_epi8(0x0f);
+    __m512 acc[TILE][2], d[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}, dmin[2] = {d[0], d[0]};
+    for (int t = 0; t < count; t++)
+        for (int j = 0; j < groups; j++) acc[t][j] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *s[2];
+        for (int j = 0; j < groups; j++) {
+            s[j] = scales_at(w, g + j, b / SUB);
+            if (b % SUB == 0) {
+                d[j] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)s[j]));
+                dmin[j] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s[j] + 32)));
+            }
+        }
+        __m512i dot[TILE][2];
+        for (int t = 0; t < count; t++)
+            for (int j = 0; j < groups; j++) dot[t][j] = _mm512_setzero_si512();
+        for (int i = 0; i < 4; i++) {  /* bytes 4i .. 4i+3 of every column: weights 4i.. and 16+4i.. */
+            __m512i lo[2], hi[2];
+            for (int j = 0; j < groups; j++) {
+                __m512i q = _mm512_loadu_si512((const void *)(w->qs + ((size_t)(g + j) * nb + b) * GROUP_BYTES + 64 * i));
+                lo[j] = _mm512_and_si512(q, low);
+                hi[j] = _mm512_and_si512(_mm512_srli_epi16(q, 4), low);
+            }
+            for (int t = 0; t < count; t++) {
+                const int8_t *a = w->x.xq + (size_t)(r0 + t) * w->k + b * QK;
+                __m512i alo = _mm512_set1_epi32(four_bytes(a + 4 * i)), ahi = _mm512_set1_epi32(four_bytes(a + 16 + 4 * i));
+                for (int j = 0; j < groups; j++)
+                    dot[t][j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(dot[t][j], lo[j], alo), hi[j], ahi);
+            }
+        }
+        __m512 scale[2], least[2];
+        for (int j = 0; j < groups; j++) {
+            const uint8_t *sub = s[j] + 64 + 32 * (b % SUB);
+            scale[j] = _mm512_mul_ps(d[j], _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sub))));
+            least[j] = _mm512_mul_ps(dmin[j], _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(sub + 16)))));
+        }
+        for (int t = 0; t < count; t++) {
+            const float xd = w->x.xd[(r0 + t) * nb + b];
+            __m512 x = _mm512_set1_ps(xd), sum = _mm512_set1_ps(xd * (float)w->x.xs[(r0 + t) * nb + b]);
+            for (int j = 0; j < groups; j++) {
+                acc[t][j] = _mm512_fmadd_ps(_mm512_mul_ps(scale[j], x), _mm512_cvtepi32_ps(dot[t][j]), acc[t][j]);
+                acc[t][j] = _mm512_fnmadd_ps(least[j], sum, acc[t][j]);
+            }
+        }
+    }
+    for (int t = 0; t < count; t++)
+        for (int j = 0; j < groups; j++) _mm512_storeu_ps(w->y + (size_t)(r0 + t) * w->n + COLUMNS * (g + j), acc[t][j]);
+}
+#endif
+
+/* Groups g .. g+groups-1 (1 or 2) for rows r0 .. r0+count-1. */
+static void group_rows(const void *work, int64_t g, int groups, int64_t r0, int count) {
+    const Work *w = work;
+#if WIDE
+    if (groups == 2) {  /* count <= 4 */
+        switch (count) {
+            case 1: tile_rows(w, g, r0, 1, 2); break;
+            case 2: tile_rows(w, g, r0, 2, 2); break;
+            case 3: tile_rows(w, g, r0, 3, 2); break;
+            default: tile_rows(w, g, r0, 4, 2); break;
+        }
+        return;
+    }
+    switch (count) {
+        case 1: tile_rows(w, g, r0, 1, 1); break;
+        case 2: tile_rows(w, g, r0, 2, 1); break;
+        case 3: tile_rows(w, g, r0, 3, 1); break;
+        case 4: tile_rows(w, g, r0, 4, 1); break;
+        case 5: tile_rows(w, g, r0, 5, 1); break;
+        case 6: tile_rows(w, g, r0, 6, 1); break;
+        case 7: tile_rows(w, g, r0, 7, 1); break;
+        default: tile_rows(w, g, r0, 8, 1); break;
+    }
+#else
+    for (int j = 0; j < groups; j++)
+        for (int t = 0; t < count; t++) group_row(w, g + j, r0 + t);
+#endif
+}
+
+static void run_task(void *data, size_t task) {
+    const Work *w = (const Work *)data;
+    group_task(w, w->m, w->n / COLUMNS, task, group_rows);
+}
+
+static OrtStatus *compute(const Kernel *kernel, OrtKernelContext *context) {
+    const float *x;
+    float *y;
+    int64_t rows;
+    const void *qs, *sc;
+    if (kernel->k % (QK * SUB)) return fail("Q4_KMatMul: K must be a multiple of 256 (Q4_K's super-block)");
+    CHECK(input_and_output(kernel, context, &x, &rows, &y));
+    const int64_t qs_dims[] = {kernel->n / COLUMNS, kernel->k / QK, GROUP_BYTES};
+    const int64_t sc_dims[] = {kernel->n / COLUMNS, kernel->k / (QK * SUB), SUPER_BYTES};
+    CHECK(weight(context, 1, qs_dims, 3, &qs));
+    CHECK(weight(context, 2, sc_dims, 3, &sc));
+    const float *bias;
+    CHECK(bias_input(kernel, context, &bias));
+    if (rows == 0) return NULL;
+    Work w = {.m = rows, .k = kernel->k, .n = kernel->n, .qs = qs, .sc = sc, .y = y};
+    if (quantized_rows(x, rows, kernel->k, 1, &w.x)) return ort->CreateStatus(ORT_FAIL, "Q4_KMatMul: out of memory");
+    OrtStatus *status = ort->KernelContext_ParallelFor(context, run_task, group_tasks(kernel->n / COLUMNS), 0, &w);
+    free_rows(&w.x);
+    if (!status) add_bias(y, rows, kernel->n, bias);
+    return status;
+}
+
+SpecOp q4_k_op = {.name = "Q4_KMatMul", .column_multiple = COLUMNS, .compute = compute,
+                  .weights = {ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8, ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8}};
+
+/* The same product outside ONNX Runtime, one thread, for tests and the lab: 0, -1 out of memory,
+ * -2 K not a multiple of 256. */
+int q4_k_matmul(const float *x, int64_t m, int64_t k, const uint8_t *qs, const uint8_t *sc, int64_t n, float *y) {
+    if (k % (QK * SUB)) return -2;
+    Work w = {.m = m, .k = k, .n = n, .qs = qs, .sc = sc, .y = y};
+    if (quantized_rows(x, m, k, 1, &w.x)) return -1;
+    for (size_t t = 0; t < group_tasks(n / COLUMNS); t++) run_task(&w, t);
+    free_rows(&w.x);
+    return 0;
+}
