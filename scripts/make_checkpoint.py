@@ -2,6 +2,7 @@
 
     python scripts/make_checkpoint.py qwen2.5-1.5b -o models/qwen2.5-1.5b-random
     python scripts/make_checkpoint.py qwen2.5-1.5b --gguf -o models/qwen2.5-1.5b-random-q4_0.gguf
+    python scripts/make_checkpoint.py qwen2.5-1.5b --gguf q4_k_m -o models/qwen2.5-1.5b-random-q4_k_m.gguf
     python scripts/make_checkpoint.py --list
 
 For measuring export and decoding at the sizes users ship (1-8B) without downloading them: the
@@ -14,7 +15,12 @@ example's, or a Hugging Face directory's), so that a text makes as many tokens a
 real model (the byte-level one makes about five times as many: GPTQ's calibration rows, prompts).
 With --gguf the same shape is written as a llama.cpp file instead: layer weights Q4_0, the
 embedding and output Q8_0, norms and biases F32 (llama.cpp's Q4_0 layout), the byte-level
-vocabulary and chat template in its metadata, one tensor in memory at a time.
+vocabulary and chat template in its metadata, one tensor in memory at a time. `--gguf q4_k_m`
+writes the mix most GGUF downloads are: Q4_K layer weights, Q6_K for the output (or a tied
+embedding) and for attn_v / ffn_down on the layers llama.cpp gives more bits (its
+`llama_tensor_get_type` for Q4_K_M), by a Q4_K / Q6_K writer of our own (`q4_k_bytes`,
+`q6_k_bytes`: min / max per block, as simple as the format allows; gguf-py does not quantize
+K-quants), whose files gguf-py and llama.cpp read as theirs.
 Random weights decode nonsense; their memory and speed are a real model's.
 """
 from __future__ import annotations
@@ -37,6 +43,7 @@ SHAPES = {  # the public configs' shapes
                         num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False,
                         rope_theta=500000.0),
 }
+GGUF_MIXES = ("q4_0", "q4_k_m")
 CHUNK = 1 << 24  # elements generated at a time
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>{% endif %}")
@@ -109,7 +116,74 @@ def copy_tokenizer(source: Path, directory: Path, config) -> None:
     tokenizer.save_pretrained(directory)
 
 
-def write_gguf(path: Path, config, params: list[tuple[str, tuple[int, ...]]], seed: int = 0) -> int:
+def q4_k_bytes(values: np.ndarray) -> np.ndarray:
+    """Q4_K blocks uint8 [rows, K/256 * 144] of values [rows, K]: per 32, q in 0..15 on [min(x, 0),
+    max(x)], its scale and minimum 6-bit multiples of the super-block's float16 d and dmin."""
+    rows, k = values.shape
+    x = values.reshape(rows, k // 256, 8, 32)
+    lo, hi = np.minimum(x.min(-1), 0), x.max(-1)                                    # [R, S, 8]
+    scale, least = (hi - lo) / 15, -lo
+    d = (np.maximum(scale.max(-1), 1e-8) / 63).astype(np.float16)                 # [R, S]
+    dmin = (np.maximum(least.max(-1), 1e-8) / 63).astype(np.float16)
+    sc = np.clip(np.rint(scale / d[..., None].astype(np.float32)), 0, 63).astype(np.uint8)
+    mn = np.clip(np.rint(least / dmin[..., None].astype(np.float32)), 0, 63).astype(np.uint8)
+    step = d[..., None].astype(np.float32) * sc
+    q = np.clip(np.rint((x + (dmin[..., None].astype(np.float32) * mn)[..., None]) / np.where(step > 0, step, 1)[..., None]),
+                0, 15).astype(np.uint8)                                              # [R, S, 8, 32]
+    packed = np.concatenate([sc[..., :4] | ((sc[..., 4:] >> 4) << 6), mn[..., :4] | ((mn[..., 4:] >> 4) << 6),
+                             (sc[..., 4:] & 0x0F) | ((mn[..., 4:] & 0x0F) << 4)], axis=-1)  # [R, S, 12]
+    nibbles = q[..., 0::2, :] | (q[..., 1::2, :] << 4)                              # [R, S, 4, 32]
+    halves = np.stack([d, dmin], axis=-1).view(np.uint8)                            # [R, S, 4]
+    return np.concatenate([halves, packed, nibbles.reshape(rows, k // 256, 128)], axis=-1).reshape(rows, -1)
+
+
+def q6_k_bytes(values: np.ndarray) -> np.ndarray:
+    """Q6_K blocks uint8 [rows, K/256 * 210] of values [rows, K]: per 16, q in -32..31 times an int8
+    multiple of the super-block's float16 d."""
+    rows, k = values.shape
+    x = values.reshape(rows, k // 256, 16, 16)
+    scale = np.abs(x).max(-1) / 31                                                    # [R, S, 16]
+    d = (np.maximum(scale.max(-1), 1e-8) / 127).astype(np.float16)                    # [R, S]
+    sc = np.clip(np.rint(scale / d[..., None].astype(np.float32)), -128, 127).astype(np.int8)
+    step = d[..., None].astype(np.float32) * sc
+    q = (np.clip(np.rint(x / np.where(step != 0, step, 1)[..., None]), -32, 31) + 32).astype(np.uint8)
+    q = q.reshape(rows, k // 256, 2, 128)                                             # two halves of 128
+    low, high = q & 0x0F, (q >> 4).reshape(rows, k // 256, 2, 4, 32)
+    ql = low[..., :64] | (low[..., 64:] << 4)                                        # [R, S, 2, 64]
+    qh = high[..., 0, :] | (high[..., 1, :] << 2) | (high[..., 2, :] << 4) | (high[..., 3, :] << 6)
+    return np.concatenate([ql.reshape(rows, -1, 128), qh.reshape(rows, -1, 64), sc.view(np.uint8),
+                           d[..., None].view(np.uint8)], axis=-1).reshape(rows, -1)
+
+
+def _more_bits(layer: int, layers: int) -> bool:
+    """llama.cpp's use_more_bits: the first and last eighth of the layers, and every third between."""
+    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+
+
+def gguf_type(name: str, dims: tuple[int, ...], layers: int, mix: str, tied: bool):
+    """The GGML type of parameter `name` in a file of `mix` ("q4_0" or "q4_k_m")."""
+    import gguf
+
+    kinds = gguf.GGMLQuantizationType
+    if len(dims) == 1:
+        return kinds.F32
+    output = "lm_head" in name or ("embed" in name and tied)
+    if mix == "q4_0":
+        return kinds.Q8_0 if "embed" in name or "lm_head" in name else kinds.Q4_0
+    layer = int(name.split(".")[2]) if name.startswith("model.layers.") else -1
+    wide = output or (("v_proj" in name or "down_proj" in name) and _more_bits(layer, layers))
+    return kinds.Q6_K if wide else kinds.Q4_K
+
+
+def _quantized(values: np.ndarray, kind) -> np.ndarray:
+    import gguf
+
+    own = {gguf.GGMLQuantizationType.Q4_K: q4_k_bytes, gguf.GGMLQuantizationType.Q6_K: q6_k_bytes}
+    return own[kind](values) if kind in own else gguf.quants.quantize(values, kind)
+
+
+def write_gguf(path: Path, config, params: list[tuple[str, tuple[int, ...]]], seed: int = 0,
+               mix: str = "q4_0") -> int:
     """The checkpoint as a GGUF file (see the module docstring), tensors generated one at a time."""
     import gguf
 
@@ -138,8 +212,7 @@ def write_gguf(path: Path, config, params: list[tuple[str, tuple[int, ...]]], se
     plan = []
     for name, dims in params:
         stem, suffix = name.rsplit(".", 1)
-        kind = (gguf.GGMLQuantizationType.F32 if len(dims) == 1 else gguf.GGMLQuantizationType.Q8_0
-                if "embed" in name or "lm_head" in name else gguf.GGMLQuantizationType.Q4_0)
+        kind = gguf_type(name, dims, config.num_hidden_layers, mix, config.tie_word_embeddings)
         nbytes = int(np.prod(gguf.quant_shape_to_byte_shape(dims, kind))) if len(dims) > 1 else 4 * int(np.prod(dims))
         writer.add_tensor_info(f"{names.get_name(stem)}.{suffix}", dims, np.dtype(np.float32), nbytes,
                                None if len(dims) == 1 else kind)
@@ -151,7 +224,7 @@ def write_gguf(path: Path, config, params: list[tuple[str, tuple[int, ...]]], se
     for name, dims, kind in plan:
         values = np.ones(dims, np.float32) if name.endswith("norm.weight") else \
             rng.normal(0.0, 0.02, dims).astype(np.float32)
-        writer.write_tensor_data(values if kind == gguf.GGMLQuantizationType.F32 else gguf.quants.quantize(values, kind))
+        writer.write_tensor_data(values if kind == gguf.GGMLQuantizationType.F32 else _quantized(values, kind))
         del values
     writer.close()
     return path.stat().st_size
@@ -170,7 +243,8 @@ def main() -> None:
     parser.add_argument("shape", nargs="?", choices=sorted(SHAPES))
     parser.add_argument("-o", "--output", type=Path)
     parser.add_argument("--list", action="store_true", help="list the shapes and their parameter counts")
-    parser.add_argument("--gguf", action="store_true", help="write a Q4_0 GGUF file (-o names the file)")
+    parser.add_argument("--gguf", nargs="?", const="q4_0", choices=GGUF_MIXES, metavar="MIX",
+                        help="write a GGUF file (-o names it): q4_0 (the default) or q4_k_m")
     parser.add_argument("--tokenizer-from", type=Path, metavar="PATH",
                         help="a real model's tokenizer (a .gguf file or a Hugging Face directory) instead of "
                              "the byte-level one (safetensors checkpoints only)")
@@ -186,9 +260,9 @@ def main() -> None:
     if args.gguf and args.tokenizer_from:
         parser.error("--tokenizer-from applies to safetensors checkpoints; the GGUF carries the byte-level vocabulary")
     if args.gguf:
-        out = args.output or Path("models") / f"{args.shape}-random-q4_0.gguf"
+        out = args.output or Path("models") / f"{args.shape}-random-{args.gguf}.gguf"
         out.parent.mkdir(parents=True, exist_ok=True)
-        written = write_gguf(out, config, params)
+        written = write_gguf(out, config, params, mix=args.gguf)
         print(f"{out}: {sum(int(np.prod(d)) for _, d in params) / 1e9:.2f}B parameters, {written / 2**30:.2f} GiB")
         return
     out = args.output or Path("models") / f"{args.shape}-random"

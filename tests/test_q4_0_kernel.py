@@ -11,7 +11,7 @@ from exactness import assert_early_exit_equals_plain
 from specdeploy import kernels
 from specdeploy.bundle import manifest as manifest_io
 from specdeploy.errors import ConfigError
-from specdeploy.quantization import nbits, operators, q4_0, q8
+from specdeploy.quantization import nbits, operators, q4_0, q4_k, q8
 from specdeploy.quantization.compute import ComputeOptions
 from specdeploy.quantization.options import QuantizeOptions
 from specdeploy.quantization.quantize import quantize
@@ -33,7 +33,7 @@ def _blocks(rng, k: int = 256, n: int = 64) -> nbits.Blocks:
 
 
 def _model(blocks: nbits.Blocks, kind: str = "q4_0"):
-    """x [1, S, K] @ W as one node: specdeploy's "q4_0" or "q8" operator, or "nbits" (MatMulNBits)."""
+    """x [1, S, K] @ W as one node: specdeploy's "q4_0", "q4_k" or "q8" operator, or "nbits" (MatMulNBits)."""
     from onnx import TensorProto, helper
 
     n, nb, _ = blocks.q.shape
@@ -42,7 +42,7 @@ def _model(blocks: nbits.Blocks, kind: str = "q4_0"):
     model = helper.make_model(helper.make_graph([], "g", [x], [y]),
                               opset_imports=[helper.make_opsetid("", 24), helper.make_opsetid("com.microsoft", 1)])
     node = helper.make_node("MatMul", ["x", "w"], ["y"], name="m")
-    makers = {"q4_0": q4_0.matmul_node, "q8": q8.matmul_node,
+    makers = {"q4_0": q4_0.matmul_node, "q8": q8.matmul_node, "q4_k": q4_k.matmul_node,
               "nbits": lambda *args: nbits.matmul_node(*args, 4)}
     model.graph.node.append(makers[kind](model, node, "w", blocks))
     operators.use_domain(model)
@@ -151,8 +151,20 @@ def _cpu_has(flag: str) -> bool:
 FORMS = {"avx2": ("-march=x86-64-v3", "avx2"), "c": ("-march=x86-64", None)}
 
 
+def _q4_k(checkpoint_script, rng, k: int, n: int) -> nbits.Blocks:
+    """A GGUF Q4_K tensor's blocks, as export carries them."""
+    import gguf
+    from gguf import quants
+
+    from specdeploy.quantization.gguf_blocks import BlockIndex
+
+    raw = checkpoint_script.q4_k_bytes(rng.normal(size=(n, k)).astype(np.float32))
+    weight = np.ascontiguousarray(quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_K).T)   # [K, N]
+    return BlockIndex([raw], "Q4_K").blocks(weight, 32)
+
+
 @pytest.mark.parametrize("form", sorted(FORMS))
-def test_each_form_of_the_kernel_computes_the_product_with_rows_independent(library, form):
+def test_each_form_of_the_kernel_computes_the_product_with_rows_independent(library, form, checkpoint_script):
     """The AVX2 and plain C forms (what a machine without AVX-512 VNNI builds), through the
     library's own entry point: the same product within int8 activations' error, each row alone."""
     import platform
@@ -169,7 +181,9 @@ def test_each_form_of_the_kernel_computes_the_product_with_rows_independent(libr
     eight = nbits.quantize(rng.normal(size=(96, 8)).astype(np.float32), 8, 32, "absmax")  # 3 blocks: an odd one
     qs, d = q4_0.pack(four)
     b, scales = nbits.pack(eight)
-    for entry, blocks, weights in ((lib.q4_0_matmul, four, (qs, d.view(np.uint16))), (lib.q8_matmul, eight, (b, scales))):
+    k_quant = _q4_k(checkpoint_script, rng, 512, 32)
+    for entry, blocks, weights in ((lib.q4_0_matmul, four, (qs, d.view(np.uint16))), (lib.q8_matmul, eight, (b, scales)),
+                                   (lib.q4_k_matmul, k_quant, q4_k.pack(k_quant))):
         x = rng.normal(size=(6, blocks.q.shape[1] * 32)).astype(np.float32)
         many = _call(entry, x, weights, blocks.q.shape[0])
         want = x @ blocks.dequantize()
@@ -181,7 +195,7 @@ def test_each_form_of_the_kernel_computes_the_product_with_rows_independent(libr
 ARM = ("aarch64-linux-gnu-gcc", "qemu-aarch64")  # a cross compiler and a user-mode emulator
 
 
-def test_the_arm_form_computes_the_product_with_rows_independent(tmp_path):
+def test_the_arm_form_computes_the_product_with_rows_independent(tmp_path, checkpoint_script):
     """The NEON dotprod form (what Jetson Orin builds), cross-built and run under an emulator where
     both are installed: the product within int8 activations' error, each row bitwise the row alone."""
     import shutil
@@ -207,7 +221,9 @@ def test_the_arm_form_computes_the_product_with_rows_independent(tmp_path):
         assert done.stdout.strip() == "neon-dotprod"
         return np.fromfile(paths[3], np.float32).reshape(x.shape[0], n)
 
-    for kind, blocks, weights in (("q4_0", four, (qs, d)), ("q8", eight, nbits.pack(eight))):
+    k_quant = _q4_k(checkpoint_script, rng, 512, 32)
+    for kind, blocks, weights in (("q4_0", four, (qs, d)), ("q8", eight, nbits.pack(eight)),
+                                  ("q4_k", k_quant, q4_k.pack(k_quant))):
         n = blocks.q.shape[0]
         x = rng.normal(size=(6, blocks.q.shape[1] * 32)).astype(np.float32)
         many = run(kind, x, weights, n)
@@ -385,3 +401,65 @@ def test_rounding_for_the_operator_keeps_gptqs_grid_and_gives_rtn_float16_scales
 def test_tensorrt_forms_are_refused_with_the_operator():
     with pytest.raises(ConfigError, match="TensorRT cannot build"):
         QuantizeOptions("int4", tensorrt=True, compute=ComputeOptions(int4_kernel="q4_0"))
+
+
+def test_a_gguf_q4_k_tensor_is_carried_with_the_files_own_scales_and_nibbles(checkpoint_script):
+    """Q4_KMatMul's bytes are the file's: each column's float16 d and dmin, its 6-bit scales and
+    minima (a byte each), its nibbles in Q4_0MatMul's interleave; unpacked, the blocks export carried."""
+    from gguf.quants import Q4_K
+
+    blocks = _q4_k(checkpoint_script, np.random.default_rng(11), 512, 32)
+    raw = checkpoint_script.q4_k_bytes(np.random.default_rng(11).normal(size=(32, 512)).astype(np.float32))  # the same
+    assert q4_k.takes(blocks) and not q4_0.takes(blocks)
+    supers = raw.reshape(32, 2, 144)                                                  # [N, K/256, 144]
+    qs, sc = q4_k.pack(blocks)                                                        # [2, 16, 256], [2, 2, 320]
+    assert qs.shape == (2, 16, 256) and sc.shape == (2, 2, q4_k.SUPER_BYTES)
+    by_column = sc.reshape(2, 2, 20, 16).transpose(0, 3, 1, 2).reshape(32, 2, 20)     # [N, K/256, 20 rows of bytes]
+    halves = np.ascontiguousarray(sc[..., :64]).view(np.uint16).reshape(2, 2, 2, 16).transpose(0, 3, 1, 2)
+    np.testing.assert_array_equal(halves.reshape(32, 2, 2), supers[..., :4].copy().view(np.uint16))
+    scale, least = Q4_K.get_scale_min(np.ascontiguousarray(supers[..., 4:16]).reshape(-1, 12))
+    np.testing.assert_array_equal(by_column[..., 4::2].reshape(-1, 8), scale)
+    np.testing.assert_array_equal(by_column[..., 5::2].reshape(-1, 8), least)
+    file_q = (supers[..., 16:].reshape(32, 2, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 1, 2, 1)) & 0x0F
+    np.testing.assert_array_equal(q4_0.unpack_nibbles(qs) + 8, file_q.reshape(32, 16, 32))
+    back = q4_k.unpack(qs, sc)
+    for field in ("q", "scales", "offsets"):
+        np.testing.assert_array_equal(getattr(back, field), getattr(blocks, field))
+
+
+def test_the_q4_k_operator_keeps_every_row_count_bitwise_the_row_alone(library, checkpoint_script):
+    """Every count a pass can carry (1 to the longest verify pass: the tiles of 1 to 8 rows and the
+    prefill's 4 x 2): each row bitwise alone, the product the file's values' within int8 activations."""
+    from specdeploy.constants import MAX_DRAFT_TOKENS
+
+    rng = np.random.default_rng(12)
+    blocks = _q4_k(checkpoint_script, rng, 512, 48)
+    ours = _session(_model(blocks, "q4_k"), library)
+    x = rng.normal(size=(1, MAX_DRAFT_TOKENS + 1, 512)).astype(np.float32)
+    alone = np.concatenate([ours.run(None, {"x": x[:, i:i + 1]})[0] for i in range(x.shape[1])], axis=1)
+    want = x @ blocks.dequantize()
+    assert np.abs(alone - want).max() < 0.02 * np.abs(want).max()
+    for m in range(2, x.shape[1] + 1):
+        np.testing.assert_array_equal(ours.run(None, {"x": x[:, :m]})[0], alone[:, :m], err_msg=f"{m} rows")
+
+
+def test_a_q4_k_m_gguf_exports_onto_the_operators_exactly(library, checkpoint_script, tmp_path):
+    """A Q4_K_M file (Q4_K layers, Q6_K where llama.cpp gives more bits) exported for specdeploy's
+    kernels: its Q4_K weights on Q4_KMatMul, named in the manifest, greedy early exit == plain."""
+    import onnx
+
+    from specdeploy.export import ExportConfig, export
+
+    shape = dict(checkpoint_script.SHAPES["qwen2.5-0.5b"], hidden_size=256, num_hidden_layers=3,
+                 intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, vocab_size=400)
+    config, params = checkpoint_script.parameters(shape)
+    source = tmp_path / "tiny-q4_k_m.gguf"
+    checkpoint_script.write_gguf(source, config, params, mix="q4_k_m")
+    bundle = export(ExportConfig(source=source, exit_layer=1, output=tmp_path / "b", max_context=256,
+                                 int4_kernel="q4_0"))
+    manifest = manifest_io.read(bundle)
+    assert kernels.Q4_K in manifest.operators and manifest.row_check["passed"]
+    ops = [n.op_type for g in ("draft", "verify") for n in onnx.load(str(bundle / manifest.graphs[g].file)).graph.node]
+    assert ops.count(q4_k.OP) >= 4
+    with Engine(bundle) as engine:
+        assert_early_exit_equals_plain(engine)
