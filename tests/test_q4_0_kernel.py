@@ -443,9 +443,10 @@ def test_the_q4_k_operator_keeps_every_row_count_bitwise_the_row_alone(library, 
         np.testing.assert_array_equal(ours.run(None, {"x": x[:, :m]})[0], alone[:, :m], err_msg=f"{m} rows")
 
 
-def test_a_q4_k_m_gguf_exports_onto_the_operators_exactly(library, checkpoint_script, tmp_path):
+def test_a_q4_k_m_gguf_exports_onto_the_operators_exactly(library, checkpoint_script, tmp_path, capsys):
     """A Q4_K_M file (Q4_K layers, Q6_K where llama.cpp gives more bits) exported for specdeploy's
-    kernels: its Q4_K weights on Q4_KMatMul, named in the manifest, greedy early exit == plain."""
+    kernels: every weight the file's own blocks (a Q6_K v_proj kept apart from its Q4_K siblings),
+    its Q4_K weights on Q4_KMatMul, named in the manifest, greedy early exit == plain."""
     import onnx
 
     from specdeploy.export import ExportConfig, export
@@ -457,6 +458,8 @@ def test_a_q4_k_m_gguf_exports_onto_the_operators_exactly(library, checkpoint_sc
     checkpoint_script.write_gguf(source, config, params, mix="q4_k_m")
     bundle = export(ExportConfig(source=source, exit_layer=1, output=tmp_path / "b", max_context=256,
                                  int4_kernel="q4_0"))
+    log = capsys.readouterr().out
+    assert "gptq" not in log and "re-quantiz" not in log
     manifest = manifest_io.read(bundle)
     assert kernels.Q4_K in manifest.operators and manifest.row_check["passed"]
     ops = [n.op_type for g in ("draft", "verify") for n in onnx.load(str(bundle / manifest.graphs[g].file)).graph.node]

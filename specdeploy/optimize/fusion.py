@@ -78,10 +78,11 @@ def fuse_float(model) -> dict[str, int]:
     return counts
 
 
-def fuse_all(model) -> dict[str, int]:
-    """Every rewrite here, in the order quantize makes them (before quantizing); how many of each."""
+def fuse_all(model, kind=None) -> dict[str, int]:
+    """Every rewrite here, in the order quantize makes them (before quantizing); how many of each.
+    `kind`: see fuse_sibling_matmuls."""
     counts = fuse_float(model)
-    counts["siblings"] = fuse_sibling_matmuls(model)
+    counts["siblings"] = fuse_sibling_matmuls(model, kind)
     counts["split_biases"] = fuse_split_biases(model)
     counts["head_split"] = fuse_head_split(model)
     return counts
@@ -227,20 +228,26 @@ def fuse_skip_norms(model) -> int:
 
 # ---- sibling matmuls ---------------------------------------------------------------------------
 
-def fuse_sibling_matmuls(model) -> int:
+def fuse_sibling_matmuls(model, kind=None) -> int:
     """Float MatMuls reading one activation with initializer weights [K, N] as one MatMul over the
     weights concatenated along N and a Split; run before quantizing, so the quantizer (and a GGUF's
-    blocks, matched per column) makes one MatMulNBits whose columns are the separate ones'."""
+    blocks, matched per column) makes one MatMulNBits whose columns are the separate ones'.
+    `kind(W [K, N])`: siblings of different kinds stay apart (a GGUF's Q4_K q / k beside a Q6_K v:
+    fused, no kernel would carry the file's blocks of both)."""
     from onnx import helper, numpy_helper
 
     inits = {t.name: t for t in model.graph.initializer}
-    groups = collections.defaultdict(list)
+    readers = collections.defaultdict(list)
     for node in model.graph.node:
         weight = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
         if weight is not None and len(weight.dims) == 2:
-            groups[node.input[0], weight.dims[0]].append(node)
+            readers[node.input[0], weight.dims[0]].append(node)
+    groups = collections.defaultdict(list)
+    for (x, k), nodes in readers.items():
+        for node in nodes:
+            groups[x, k, kind(array(inits[node.input[1]])) if kind and len(nodes) > 1 else None].append(node)
     replaced = {}
-    for (x, _), siblings in groups.items():
+    for (x, _, _), siblings in groups.items():
         if len(siblings) < 2:
             continue
         name = siblings[0].name + ".fused"

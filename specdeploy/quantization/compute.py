@@ -162,7 +162,7 @@ def quantize_graph(src: Path, dst: Path, precision: str, method: str = "rtn", in
         model = onnx.load(str(src), load_external_data=False)
         fold_weight_transposes(model)
         if options.fuse:
-            fusion.fuse_all(model)
+            fusion.fuse_all(model, index.form if index is not None else None)
             if max_context:
                 attention.fuse_attention(model, max_context, gqa_probe.form_row_independent)
         chosen, carried = compute_form(precision, options), 0

@@ -195,6 +195,12 @@ class BlockIndex:
                 index.add(tensors, kind)
         return index
 
+    def form(self, w: np.ndarray):
+        """The form (bits, offsets, block) W [K, N]'s first column carries in, or None: what sibling
+        weights must share to be fused (fusion.fuse_sibling_matmuls)."""
+        found = self.rows.get(_row_key(w[:, 0]))
+        return None if found is None else _FORMS[self._tensors[found[0]][1]]
+
     def blocks(self, w: np.ndarray, block: int) -> Blocks | None:
         """W [K, N] as the file's own blocks, or None unless every column matches one type's rows.
 
