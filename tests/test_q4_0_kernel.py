@@ -11,7 +11,7 @@ from exactness import assert_early_exit_equals_plain
 from specdeploy import kernels
 from specdeploy.bundle import manifest as manifest_io
 from specdeploy.errors import ConfigError
-from specdeploy.quantization import nbits, operators, q4_0, q4_k, q8
+from specdeploy.quantization import nbits, operators, q4_0, q4_k, q6_k, q8
 from specdeploy.quantization.compute import ComputeOptions
 from specdeploy.quantization.options import QuantizeOptions
 from specdeploy.quantization.quantize import quantize
@@ -33,16 +33,17 @@ def _blocks(rng, k: int = 256, n: int = 64) -> nbits.Blocks:
 
 
 def _model(blocks: nbits.Blocks, kind: str = "q4_0"):
-    """x [1, S, K] @ W as one node: specdeploy's "q4_0", "q4_k" or "q8" operator, or "nbits" (MatMulNBits)."""
+    """x [1, S, K] @ W as one node: specdeploy's "q4_0", "q4_k", "q6_k" or "q8" operator, or "nbits"
+    (MatMulNBits)."""
     from onnx import TensorProto, helper
 
-    n, nb, _ = blocks.q.shape
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, None, nb * 32])
+    n, nb, block = blocks.q.shape
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, None, nb * block])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, None, n])
     model = helper.make_model(helper.make_graph([], "g", [x], [y]),
                               opset_imports=[helper.make_opsetid("", 24), helper.make_opsetid("com.microsoft", 1)])
     node = helper.make_node("MatMul", ["x", "w"], ["y"], name="m")
-    makers = {"q4_0": q4_0.matmul_node, "q8": q8.matmul_node, "q4_k": q4_k.matmul_node,
+    makers = {"q4_0": q4_0.matmul_node, "q8": q8.matmul_node, "q4_k": q4_k.matmul_node, "q6_k": q6_k.matmul_node,
               "nbits": lambda *args: nbits.matmul_node(*args, 4)}
     model.graph.node.append(makers[kind](model, node, "w", blocks))
     operators.use_domain(model)
@@ -151,16 +152,19 @@ def _cpu_has(flag: str) -> bool:
 FORMS = {"avx2": ("-march=x86-64-v3", "avx2"), "c": ("-march=x86-64", None)}
 
 
-def _q4_k(checkpoint_script, rng, k: int, n: int) -> nbits.Blocks:
-    """A GGUF Q4_K tensor's blocks, as export carries them."""
+def _k_quant(checkpoint_script, rng, k: int, n: int, kind: str = "Q4_K") -> nbits.Blocks:
+    """A GGUF Q4_K or Q6_K tensor's blocks, as export carries them."""
     import gguf
     from gguf import quants
 
     from specdeploy.quantization.gguf_blocks import BlockIndex
 
-    raw = checkpoint_script.q4_k_bytes(rng.normal(size=(n, k)).astype(np.float32))
-    weight = np.ascontiguousarray(quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_K).T)   # [K, N]
-    return BlockIndex([raw], "Q4_K").blocks(weight, 32)
+    raw = getattr(checkpoint_script, f"{kind.lower()}_bytes")(rng.normal(size=(n, k)).astype(np.float32))
+    weight = np.ascontiguousarray(quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, kind)).T)   # [K, N]
+    return BlockIndex([raw], kind).blocks(weight, 32)
+
+
+K_QUANTS = {"Q4_K": q4_k, "Q6_K": q6_k}
 
 
 @pytest.mark.parametrize("form", sorted(FORMS))
@@ -181,10 +185,11 @@ def test_each_form_of_the_kernel_computes_the_product_with_rows_independent(libr
     eight = nbits.quantize(rng.normal(size=(96, 8)).astype(np.float32), 8, 32, "absmax")  # 3 blocks: an odd one
     qs, d = q4_0.pack(four)
     b, scales = nbits.pack(eight)
-    k_quant = _q4_k(checkpoint_script, rng, 512, 32)
+    k_quants = [_k_quant(checkpoint_script, rng, 512, 32, kind) for kind in K_QUANTS]
     for entry, blocks, weights in ((lib.q4_0_matmul, four, (qs, d.view(np.uint16))), (lib.q8_matmul, eight, (b, scales)),
-                                   (lib.q4_k_matmul, k_quant, q4_k.pack(k_quant))):
-        x = rng.normal(size=(6, blocks.q.shape[1] * 32)).astype(np.float32)
+                                   *((getattr(lib, f"{kind.lower()}_matmul"), blocks, K_QUANTS[kind].pack(blocks))
+                                     for kind, blocks in zip(K_QUANTS, k_quants))):
+        x = rng.normal(size=(6, blocks.q.shape[1] * blocks.block)).astype(np.float32)
         many = _call(entry, x, weights, blocks.q.shape[0])
         want = x @ blocks.dequantize()
         assert np.abs(many - want).max() < 0.02 * np.abs(want).max()
@@ -221,11 +226,11 @@ def test_the_arm_form_computes_the_product_with_rows_independent(tmp_path, check
         assert done.stdout.strip() == "neon-dotprod"
         return np.fromfile(paths[3], np.float32).reshape(x.shape[0], n)
 
-    k_quant = _q4_k(checkpoint_script, rng, 512, 32)
+    k_quants = {kind: _k_quant(checkpoint_script, rng, 512, 32, kind) for kind in K_QUANTS}
     for kind, blocks, weights in (("q4_0", four, (qs, d)), ("q8", eight, nbits.pack(eight)),
-                                  ("q4_k", k_quant, q4_k.pack(k_quant))):
+                                  *((kind.lower(), b, K_QUANTS[kind].pack(b)) for kind, b in k_quants.items())):
         n = blocks.q.shape[0]
-        x = rng.normal(size=(6, blocks.q.shape[1] * 32)).astype(np.float32)
+        x = rng.normal(size=(6, blocks.q.shape[1] * blocks.block)).astype(np.float32)
         many = run(kind, x, weights, n)
         want = x @ blocks.dequantize()
         assert np.abs(many - want).max() < 0.02 * np.abs(want).max()
@@ -408,7 +413,7 @@ def test_a_gguf_q4_k_tensor_is_carried_with_the_files_own_scales_and_nibbles(che
     minima (a byte each), its nibbles in Q4_0MatMul's interleave; unpacked, the blocks export carried."""
     from gguf.quants import Q4_K
 
-    blocks = _q4_k(checkpoint_script, np.random.default_rng(11), 512, 32)
+    blocks = _k_quant(checkpoint_script, np.random.default_rng(11), 512, 32)
     raw = checkpoint_script.q4_k_bytes(np.random.default_rng(11).normal(size=(32, 512)).astype(np.float32))  # the same
     assert q4_k.takes(blocks) and not q4_0.takes(blocks)
     supers = raw.reshape(32, 2, 144)                                                  # [N, K/256, 144]
@@ -427,14 +432,28 @@ def test_a_gguf_q4_k_tensor_is_carried_with_the_files_own_scales_and_nibbles(che
         np.testing.assert_array_equal(getattr(back, field), getattr(blocks, field))
 
 
-def test_the_q4_k_operator_keeps_every_row_count_bitwise_the_row_alone(library, checkpoint_script):
-    """Every count a pass can carry (1 to the longest verify pass: the tiles of 1 to 8 rows and the
-    prefill's 4 x 2): each row bitwise alone, the product the file's values' within int8 activations."""
+def test_a_gguf_q6_k_tensor_is_carried_with_the_files_own_values_and_scales(checkpoint_script):
+    """Q6_KMatMul's bytes hold the file's 6-bit values and int8 scales and float16 d (6.5625 bits a
+    weight, as the file): unpacked, exactly the blocks export carried."""
+    blocks = _k_quant(checkpoint_script, np.random.default_rng(13), 512, 32, "Q6_K")
+    assert q6_k.takes(blocks) and not q4_k.takes(blocks) and not q8.takes(blocks)
+    q, sc = q6_k.pack(blocks)                                                         # [2, 16, 384], [2, 2, 288]
+    assert q.nbytes + sc.nbytes == 32 * 512 * 6.5625 / 8
+    back = q6_k.unpack(q, sc)
+    for field in ("q", "scales"):
+        np.testing.assert_array_equal(getattr(back, field), getattr(blocks, field))
+    np.testing.assert_array_equal(back.super_scales.sc, blocks.super_scales.sc)
+
+
+@pytest.mark.parametrize("kind", sorted(K_QUANTS))
+def test_a_k_quant_operator_keeps_every_row_count_bitwise_the_row_alone(library, checkpoint_script, kind):
+    """Every count a pass can carry (1 to the longest verify pass: each tile and the prefill's
+    4 x 2): each row bitwise alone, the product the file's values' within int8 activations."""
     from specdeploy.constants import MAX_DRAFT_TOKENS
 
     rng = np.random.default_rng(12)
-    blocks = _q4_k(checkpoint_script, rng, 512, 48)
-    ours = _session(_model(blocks, "q4_k"), library)
+    blocks = _k_quant(checkpoint_script, rng, 512, 48, kind)
+    ours = _session(_model(blocks, kind.lower()), library)
     x = rng.normal(size=(1, MAX_DRAFT_TOKENS + 1, 512)).astype(np.float32)
     alone = np.concatenate([ours.run(None, {"x": x[:, i:i + 1]})[0] for i in range(x.shape[1])], axis=1)
     want = x @ blocks.dequantize()
@@ -446,7 +465,8 @@ def test_the_q4_k_operator_keeps_every_row_count_bitwise_the_row_alone(library, 
 def test_a_q4_k_m_gguf_exports_onto_the_operators_exactly(library, checkpoint_script, tmp_path, capsys):
     """A Q4_K_M file (Q4_K layers, Q6_K where llama.cpp gives more bits) exported for specdeploy's
     kernels: every weight the file's own blocks (a Q6_K v_proj kept apart from its Q4_K siblings),
-    its Q4_K weights on Q4_KMatMul, named in the manifest, greedy early exit == plain."""
+    its Q4_K weights on Q4_KMatMul and Q6_K ones on Q6_KMatMul, named in the manifest, greedy early
+    exit == plain."""
     import onnx
 
     from specdeploy.export import ExportConfig, export
@@ -461,8 +481,8 @@ def test_a_q4_k_m_gguf_exports_onto_the_operators_exactly(library, checkpoint_sc
     log = capsys.readouterr().out
     assert "gptq" not in log and "re-quantiz" not in log
     manifest = manifest_io.read(bundle)
-    assert kernels.Q4_K in manifest.operators and manifest.row_check["passed"]
-    ops = [n.op_type for g in ("draft", "verify") for n in onnx.load(str(bundle / manifest.graphs[g].file)).graph.node]
-    assert ops.count(q4_k.OP) >= 4
+    assert manifest.operators == (kernels.Q4_K, kernels.Q6_K) and manifest.row_check["passed"]
+    ops = [n.op_type for g in ("draft", "verify", "head") for n in onnx.load(str(bundle / manifest.graphs[g].file)).graph.node]
+    assert ops.count(q4_k.OP) >= 4 and ops.count(q6_k.OP) >= 3 and "MatMulNBits" not in ops  # v, down, the head
     with Engine(bundle) as engine:
         assert_early_exit_equals_plain(engine)

@@ -77,7 +77,18 @@ def _q4_k_scales(raw: np.ndarray) -> SuperScales:
     blocks = raw.reshape(-1, _Q4_K_BYTES)                                        # [R, 144]
     sc, mn = Q4_K.get_scale_min(np.ascontiguousarray(blocks[:, 4:16]))           # [R, 8] each
     half = lambda at: np.ascontiguousarray(blocks[:, at:at + 2]).view(np.float16).reshape(rows, -1)  # noqa: E731
-    return SuperScales(half(0), half(2), sc.astype(np.uint8).reshape(rows, -1), mn.astype(np.uint8).reshape(rows, -1))
+    return SuperScales("Q4_K", half(0), sc.astype(np.uint8).reshape(rows, -1), half(2), mn.astype(np.uint8).reshape(rows, -1))
+
+
+def _q6_k_scales(raw: np.ndarray) -> SuperScales:
+    """A Q6_K tensor's own scales, as the file holds them (Q6_KMatMul reads these)."""
+    rows = raw.shape[0]
+    blocks = raw.reshape(-1, 210)                                                # [R, 210]
+    d = np.ascontiguousarray(blocks[:, 208:210]).view(np.float16).reshape(rows, -1)
+    return SuperScales("Q6_K", d, np.ascontiguousarray(blocks[:, 192:208]).view(np.int8).reshape(rows, -1))
+
+
+_OWN_SCALES = {"Q4_K": _q4_k_scales, "Q6_K": _q6_k_scales}
 
 
 def _decode_q5_0(raw: np.ndarray):
@@ -168,7 +179,7 @@ class BlockIndex:
             if m is not None:
                 q, m = q - 8, m + np.float32(8) * d
             parts.append((q, d, m))
-            own.append(_q4_k_scales(rows) if kind == "Q4_K" else None)
+            own.append(_OWN_SCALES[kind](rows) if kind in _OWN_SCALES else None)
         order = [t for t, _ in found]
         if order != sorted(order, key=list(dict.fromkeys(order)).index):  # rows from tensors interleaved
             return None

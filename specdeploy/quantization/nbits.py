@@ -26,16 +26,21 @@ OFFSET_BLOCK = 32  # weights of K sharing one float offset (GGUF's block)
 
 @dataclass(frozen=True)
 class SuperScales:
-    """A GGUF Q4_K weight's own scales, kept beside its Blocks so that specdeploy's Q4_KMatMul reads
-    them as the file holds them: block b's scale is d·sc[b], its minimum dmin·mn[b]."""
-    d: np.ndarray     # float16 [N, K/256]
-    dmin: np.ndarray  # float16 [N, K/256]
-    sc: np.ndarray    # uint8 [N, K/32], 6-bit
-    mn: np.ndarray    # uint8 [N, K/32], 6-bit
+    """A GGUF K-quant weight's own scales, kept beside its Blocks so that specdeploy's operators read
+    them as the file holds them. Q4_K: block b's scale is d·sc[b], its minimum dmin·mn[b]; Q6_K:
+    sub-block b's (16 weights) scale is d·sc[b]."""
+    kind: str                 # "Q4_K" or "Q6_K"
+    d: np.ndarray             # float16 [N, K/256]
+    sc: np.ndarray            # Q4_K: uint8 [N, K/32], 6-bit; Q6_K: int8 [N, K/16]
+    dmin: np.ndarray | None = None  # Q4_K: float16 [N, K/256]
+    mn: np.ndarray | None = None    # Q4_K: uint8 [N, K/32], 6-bit
 
     @staticmethod
-    def joined(parts: list[SuperScales]) -> SuperScales:
-        return SuperScales(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("d", "dmin", "sc", "mn")))
+    def joined(parts: list[SuperScales]) -> SuperScales | None:
+        if len({p.kind for p in parts}) > 1:
+            return None
+        join = lambda f: None if getattr(parts[0], f) is None else np.concatenate([getattr(p, f) for p in parts])  # noqa: E731
+        return SuperScales(parts[0].kind, join("d"), join("sc"), join("dmin"), join("mn"))
 
 
 @dataclass(frozen=True)

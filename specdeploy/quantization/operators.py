@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..kernels import DOMAIN, Q4_0, Q4_K
+from ..kernels import DOMAIN, Q4_0, Q4_K, Q6_K
 
 
 def uses(model) -> bool:
@@ -55,14 +55,15 @@ def fuse_biases(model) -> int:
 
 def names(bundle: Path, graphs: dict) -> tuple[str, ...]:
     """The manifest's `operators`: the library's operators and layouts the graphs need, or none
-    (Q4_0MatMul and Q8MatMul are "q4_0.v2", Q4_KMatMul "q4_k.v1")."""
+    (Q4_0MatMul and Q8MatMul are "q4_0.v2", Q4_KMatMul "q4_k.v1", Q6_KMatMul "q6_k.v1")."""
     import onnx
 
-    from .q4_k import OP as Q4_K_OP
+    from . import q4_k, q6_k
 
     ops = {n.op_type for g in graphs.values()
            for n in onnx.load(str(bundle / g.file), load_external_data=False).graph.node if n.domain == DOMAIN}
-    return tuple(name for name, used in ((Q4_0, bool(ops - {Q4_K_OP})), (Q4_K, Q4_K_OP in ops)) if used)
+    layouts = ((Q4_0, bool(ops - {q4_k.OP, q6_k.OP})), (Q4_K, q4_k.OP in ops), (Q6_K, q6_k.OP in ops))
+    return tuple(name for name, used in layouts if used)
 
 
 def in_place_table(bundle: Path, graphs: dict) -> dict[str, list]:

@@ -25,7 +25,9 @@ def takes(blocks: Blocks) -> bool:
     """Whether `blocks` carry a Q4_K source's own scales that Q4_KMatMul reads: blocks of 32, whole
     super-blocks of K, a multiple of sixteen columns."""
     n, nb, block = blocks.q.shape
-    return blocks.super_scales is not None and blocks.bits == 4 and block == BLOCK and not nb % SUB and not n % COLUMNS
+    own = blocks.super_scales
+    return own is not None and own.kind == "Q4_K" and blocks.bits == 4 and block == BLOCK and not nb % SUB \
+        and not n % COLUMNS
 
 
 def pack(blocks: Blocks) -> tuple[np.ndarray, np.ndarray]:
@@ -49,7 +51,7 @@ def unpack(qs: np.ndarray, sc: np.ndarray) -> Blocks:
     rows = lambda a: a.transpose(0, 3, 1, 2).reshape(groups * COLUMNS, -1)  # noqa: E731 [G, s, j, c] -> [N, s*j]
     halves = np.ascontiguousarray(sc[..., :4 * COLUMNS]).view(np.float16).reshape(groups, supers, 2, COLUMNS)
     per_block = sc[..., 4 * COLUMNS:].reshape(groups, supers, SUB, 2, COLUMNS)
-    own = SuperScales(rows(halves[:, :, :1]), rows(halves[:, :, 1:]), rows(per_block[..., 0, :]),
+    own = SuperScales("Q4_K", rows(halves[:, :, :1]), rows(per_block[..., 0, :]), rows(halves[:, :, 1:]),
                       rows(per_block[..., 1, :]))
     d = np.repeat(own.d.astype(np.float32), SUB, axis=1) * own.sc.astype(np.float32)      # [N, nb]
     minimum = np.repeat(own.dmin.astype(np.float32), SUB, axis=1) * own.mn.astype(np.float32)
