@@ -11,7 +11,7 @@ from exactness import assert_early_exit_equals_plain
 from specdeploy import kernels
 from specdeploy.bundle import manifest as manifest_io
 from specdeploy.errors import ConfigError
-from specdeploy.quantization import nbits, operators, q4_0, q4_k, q6_k, q8
+from specdeploy.quantization import nbits, operators, q4_0, q4_1, q4_k, q6_k, q8
 from specdeploy.quantization.compute import ComputeOptions
 from specdeploy.quantization.options import QuantizeOptions
 from specdeploy.quantization.quantize import quantize
@@ -33,7 +33,7 @@ def _blocks(rng, k: int = 256, n: int = 64) -> nbits.Blocks:
 
 
 def _model(blocks: nbits.Blocks, kind: str = "q4_0"):
-    """x [1, S, K] @ W as one node: specdeploy's "q4_0", "q4_k", "q6_k" or "q8" operator, or "nbits"
+    """x [1, S, K] @ W as one node: specdeploy's "q4_0", "q4_1", "q4_k", "q6_k" or "q8" operator, or "nbits"
     (MatMulNBits)."""
     from onnx import TensorProto, helper
 
@@ -43,7 +43,8 @@ def _model(blocks: nbits.Blocks, kind: str = "q4_0"):
     model = helper.make_model(helper.make_graph([], "g", [x], [y]),
                               opset_imports=[helper.make_opsetid("", 24), helper.make_opsetid("com.microsoft", 1)])
     node = helper.make_node("MatMul", ["x", "w"], ["y"], name="m")
-    makers = {"q4_0": q4_0.matmul_node, "q8": q8.matmul_node, "q4_k": q4_k.matmul_node, "q6_k": q6_k.matmul_node,
+    makers = {"q4_0": q4_0.matmul_node, "q8": q8.matmul_node, "q4_1": q4_1.matmul_node, "q4_k": q4_k.matmul_node,
+              "q6_k": q6_k.matmul_node,
               "nbits": lambda *args: nbits.matmul_node(*args, 4)}
     model.graph.node.append(makers[kind](model, node, "w", blocks))
     operators.use_domain(model)
@@ -153,18 +154,21 @@ FORMS = {"avx2": ("-march=x86-64-v3", "avx2"), "c": ("-march=x86-64", None)}
 
 
 def _k_quant(checkpoint_script, rng, k: int, n: int, kind: str = "Q4_K") -> nbits.Blocks:
-    """A GGUF Q4_K or Q6_K tensor's blocks, as export carries them."""
+    """A GGUF Q4_1, Q4_K or Q6_K tensor's blocks, as export carries them (K-quants by our writer,
+    Q4_1 by gguf's)."""
     import gguf
     from gguf import quants
 
     from specdeploy.quantization.gguf_blocks import BlockIndex
 
-    raw = getattr(checkpoint_script, f"{kind.lower()}_bytes")(rng.normal(size=(n, k)).astype(np.float32))
+    values = rng.normal(size=(n, k)).astype(np.float32)
+    raw = quants.quantize(values, gguf.GGMLQuantizationType.Q4_1) if kind == "Q4_1" else \
+        getattr(checkpoint_script, f"{kind.lower()}_bytes")(values)
     weight = np.ascontiguousarray(quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, kind)).T)   # [K, N]
     return BlockIndex([raw], kind).blocks(weight, 32)
 
 
-K_QUANTS = {"Q4_K": q4_k, "Q6_K": q6_k}
+K_QUANTS = {"Q4_1": q4_1, "Q4_K": q4_k, "Q6_K": q6_k}
 
 
 @pytest.mark.parametrize("form", sorted(FORMS))
@@ -443,6 +447,25 @@ def test_a_gguf_q6_k_tensor_is_carried_with_the_files_own_values_and_scales(chec
     for field in ("q", "scales"):
         np.testing.assert_array_equal(getattr(back, field), getattr(blocks, field))
     np.testing.assert_array_equal(back.super_scales.sc, blocks.super_scales.sc)
+
+
+def test_a_gguf_q4_1_tensor_is_carried_with_the_files_own_d_and_m(checkpoint_script):
+    """Q4_1MatMul's bytes are the file's nibbles and its float16 d and m (5 bits a weight)."""
+    import gguf
+    from gguf import quants
+
+    rng = np.random.default_rng(14)
+    blocks = _k_quant(checkpoint_script, rng, 128, 16, "Q4_1")
+    raw = quants.quantize(np.random.default_rng(14).normal(size=(16, 128)).astype(np.float32),
+                          gguf.GGMLQuantizationType.Q4_1).reshape(16, 4, 20)        # the same tensor
+    assert q4_1.takes(blocks) and not q4_0.takes(blocks) and not q4_k.takes(blocks)
+    qs, dm = q4_1.pack(blocks)                                                        # [1, 4, 256], [1, 4, 32]
+    assert qs.nbytes + dm.nbytes == 16 * 128 * 5 / 8
+    np.testing.assert_array_equal(dm.transpose(0, 2, 1).reshape(2, 16, 4).transpose(1, 2, 0).view(np.uint16),
+                                  raw[..., :4].copy().view(np.uint16))
+    back = q4_1.unpack(qs, dm)
+    for field in ("q", "scales", "offsets"):
+        np.testing.assert_array_equal(getattr(back, field), getattr(blocks, field))
 
 
 @pytest.mark.parametrize("kind", sorted(K_QUANTS))

@@ -1,17 +1,20 @@
-/* Q4_KMatMul (domain ai.specdeploy): y [.., N] = x [.., K] @ W for int4 weights stored as GGUF's
- * Q4_K super-blocks (256 weights: float16 d and dmin, eight sub-blocks of 32 each with a 6-bit scale
- * sc and minimum m, weights q in 0..15; w = d·sc·q − dmin·m), laid out sixteen output columns at a
- * time as Q4_0MatMul's (q4_0_matmul.c):
- *   qs uint8 [N/16, K/32, 256]   the nibbles, exactly Q4_0MatMul's interleave (q itself, not q + 8)
+/* Int4 weights with a minimum per block of 32 (domain ai.specdeploy), y [.., N] = x [.., K] @ W,
+ * laid out sixteen output columns at a time as Q4_0MatMul's (q4_0_matmul.c):
+ *   qs uint8 [N/16, K/32, 256]   the nibbles q in 0..15, exactly Q4_0MatMul's interleave
+ * Q4_KMatMul: GGUF's Q4_K super-blocks (256 weights: float16 d and dmin, eight blocks of 32 each
+ * with a 6-bit scale sc and minimum m; w = d·sc·q − dmin·m):
  *   sc uint8 [N/16, K/256, 320]  per super-block: the sixteen columns' d (float16, bytes 0..31) and
- *                                dmin (32..63), then per sub-block j the sixteen sc (64 + 32j ..)
- *                                and the sixteen m (80 + 32j ..), the file's 6-bit values a byte each
+ *                                dmin (32..63), then per block j the sixteen sc (64 + 32j ..) and
+ *                                the sixteen m (80 + 32j ..), the file's 6-bit values a byte each
  * 4.625 bits a weight against the file's 4.5 (the 6-bit scales and minima unpacked to bytes).
+ * Q4_1MatMul: GGUF's Q4_1 blocks (float16 d and m per 32 weights; w = d·q + m), and our own
+ * minmax / GPTQ grids with float16 scales and minima:
+ *   dm float16 [N/16, K/32, 32]  per block the sixteen columns' d, then their m (5 bits a weight)
  *
- * Each row of x is quantized to int8 per block of 32 with its block sum (ops.c). Per sub-block the
+ * Each row of x is quantized to int8 per block of 32 with its block sum (ops.c). Per block the
  * integer dot of q with the row, then two float multiply-adds for sixteen columns at once:
- * + (d·sc)·xd·dot and − (dmin·m)·(xd·sum), d·sc and dmin·m exact in float32; so the minima are
- * applied exactly, as block sums of the activations. Every row runs the same instructions in the
+ * + scale·xd·dot and + minimum·(xd·sum) (Q4_K: d·sc and −dmin·m, exact in float32); so the minima
+ * are applied exactly, as block sums of the activations. Every row runs the same instructions in the
  * same order whatever the rows beside it: a verify row is bitwise the one-row step. Forms: AVX-512
  * VNNI, AVX2, Arm NEON dotprod, plain C.
  */
@@ -31,21 +34,80 @@
 #define GROUP_BYTES 256   /* a group's sub-block of nibbles: 16 columns x 16 bytes */
 #define SUB 8             /* sub-blocks of 32 a super-block */
 #define SUPER_BYTES 320   /* a group's super-block scales: d, dmin, then sc / m per sub-block */
+#define Q4_1_HALVES 32    /* a group's block scales: d, then m (float16) */
+enum { KIND_Q4_K, KIND_Q4_1 };
 
 typedef struct {
     int64_t m, k, n;
+    int kind;
     const uint8_t *qs;
     const uint8_t *sc;
     Rows x;
     float *y;
 } Work;
 
-/* the scales of group g's super-block s */
-static inline const uint8_t *scales_at(const Work *w, int64_t g, int64_t s) {
-    return w->sc + ((size_t)g * (w->k / (QK * SUB)) + s) * SUPER_BYTES;
+/* Q4_K: the scales of group g's super-block holding block b, and its block's sc (then m) bytes */
+static inline const uint8_t *scales_at(const Work *w, int64_t g, int64_t b) {
+    return w->sc + ((size_t)g * (w->k / (QK * SUB)) + b / SUB) * SUPER_BYTES;
+}
+static inline const uint8_t *block_bytes(const Work *w, int64_t g, int64_t b) {
+    return scales_at(w, g, b) + 64 + 32 * (b % SUB);
+}
+/* Q4_1: group g's block b's d (then m), float16 */
+static inline const uint16_t *q4_1_at(const Work *w, int64_t g, int64_t b) {
+    return (const uint16_t *)w->sc + ((size_t)g * (w->k / QK) + b) * Q4_1_HALVES;
 }
 
 #if !WIDE
+#if defined(__AVX2__) && defined(__FMA__)
+/* columns 8h .. 8h+7 of group g's block b: its scale and its minimum (added times xd·sum) */
+static inline void scales_8(const Work *w, int64_t g, int64_t b, int h, __m256 *scale, __m256 *least) {
+    if (w->kind == KIND_Q4_1) {
+        const uint16_t *dm = q4_1_at(w, g, b);
+        *scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dm + 8 * h)));
+        *least = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dm + 16 + 8 * h)));
+        return;
+    }
+    const uint8_t *s = scales_at(w, g, b), *j = block_bytes(w, g, b);
+    __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 16 * h)));
+    __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 32 + 16 * h)));
+    *scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(j + 8 * h)))));
+    *least = _mm256_xor_ps(_mm256_set1_ps(-0.0f),  /* −dmin·m: a sign flip, exact */
+                           _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(j + 16 + 8 * h))))));
+}
+#elif ARM_DOT
+static inline void scales_4(const Work *w, int64_t g, int64_t b, int h, float32x4_t *scale, float32x4_t *least) {
+    if (w->kind == KIND_Q4_1) {
+        const uint16_t *dm = q4_1_at(w, g, b);
+        *scale = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(dm + 4 * h)));
+        *least = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(dm + 16 + 4 * h)));
+        return;
+    }
+    const uint8_t *s = scales_at(w, g, b), *j = block_bytes(w, g, b);
+    float32x4_t d = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)s + 4 * h)));
+    float32x4_t dmin = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)(s + 32) + 4 * h)));
+    uint32x4_t sc = {j[4 * h], j[4 * h + 1], j[4 * h + 2], j[4 * h + 3]};
+    uint32x4_t mn = {j[16 + 4 * h], j[17 + 4 * h], j[18 + 4 * h], j[19 + 4 * h]};
+    *scale = vmulq_f32(d, vcvtq_f32_u32(sc));
+    *least = vnegq_f32(vmulq_f32(dmin, vcvtq_f32_u32(mn)));
+}
+#else
+static inline void scales_1(const Work *w, int64_t g, int64_t b, int c, float *scale, float *least) {
+    if (w->kind == KIND_Q4_1) {
+        const uint16_t *dm = q4_1_at(w, g, b);
+        *scale = half_to_float(dm[c]);
+        *least = half_to_float(dm[16 + c]);
+        return;
+    }
+    const uint8_t *s = scales_at(w, g, b), *j = block_bytes(w, g, b);
+    uint16_t dh, mh;
+    memcpy(&dh, s + 2 * c, 2);
+    memcpy(&mh, s + 32 + 2 * c, 2);
+    *scale = half_to_float(dh) * (float)j[c];
+    *least = -(half_to_float(mh) * (float)j[16 + c]);
+}
+#endif
+
 /* y[r, 16g .. 16g+15] for one group and one row (the AVX2, Arm and plain C forms). */
 static void group_row(const Work *w, int64_t g, int64_t r) {
     const int64_t nb = w->k / QK;
@@ -59,7 +121,6 @@ static void group_row(const Work *w, int64_t g, int64_t r) {
     for (int h = 0; h < 2; h++) {  /* columns 8h .. 8h+7, one int32 lane each */
         __m256 acc = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *s = scales_at(w, g, b / SUB), *j = s + 64 + 32 * (b % SUB);
             __m256i dot = _mm256_setzero_si256();
             for (int i = 0; i < 4; i++) {
                 __m256i q = _mm256_loadu_si256((const __m256i *)(wq + (size_t)b * GROUP_BYTES + 64 * i + 32 * h));
@@ -69,12 +130,10 @@ static void group_row(const Work *w, int64_t g, int64_t r) {
                 dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(lo, alo), ones));
                 dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ahi), ones));
             }
-            __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 16 * h)));
-            __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 32 + 16 * h)));
-            __m256 scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(j + 8 * h)))));
-            __m256 least = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(j + 16 + 8 * h)))));
+            __m256 scale, least;
+            scales_8(w, g, b, h, &scale, &least);
             acc = _mm256_fmadd_ps(_mm256_mul_ps(scale, _mm256_set1_ps(xd[b])), _mm256_cvtepi32_ps(dot), acc);
-            acc = _mm256_fnmadd_ps(least, _mm256_set1_ps(xd[b] * (float)xs[b]), acc);
+            acc = _mm256_fmadd_ps(least, _mm256_set1_ps(xd[b] * (float)xs[b]), acc);
         }
         _mm256_storeu_ps(out + 8 * h, acc);
     }
@@ -83,7 +142,6 @@ static void group_row(const Work *w, int64_t g, int64_t r) {
     float32x4_t acc[4];
     for (int h = 0; h < 4; h++) acc[h] = vdupq_n_f32(0.0f);
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *s = scales_at(w, g, b / SUB), *j = s + 64 + 32 * (b % SUB);
         int32x4_t dot[4];  /* columns 4h .. 4h+3, one lane each */
         for (int h = 0; h < 4; h++) dot[h] = vdupq_n_s32(0);
         for (int i = 0; i < 4; i++) {
@@ -96,18 +154,11 @@ static void group_row(const Work *w, int64_t g, int64_t r) {
             }
         }
         float32x4_t x = vdupq_n_f32(xd[b]), sum = vdupq_n_f32(xd[b] * (float)xs[b]);
-        uint8x16_t sc = vld1q_u8(j), mn = vld1q_u8(j + 16);
-        uint16x8_t sc_half[2] = {vmovl_u8(vget_low_u8(sc)), vmovl_u8(vget_high_u8(sc))};
-        uint16x8_t mn_half[2] = {vmovl_u8(vget_low_u8(mn)), vmovl_u8(vget_high_u8(mn))};
         for (int h = 0; h < 4; h++) {
-            float32x4_t d = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)s + 4 * h)));
-            float32x4_t dmin = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)(s + 32) + 4 * h)));
-            uint16x4_t sc4 = h & 1 ? vget_high_u16(sc_half[h / 2]) : vget_low_u16(sc_half[h / 2]);
-            uint16x4_t mn4 = h & 1 ? vget_high_u16(mn_half[h / 2]) : vget_low_u16(mn_half[h / 2]);
-            float32x4_t scale = vmulq_f32(d, vcvtq_f32_u32(vmovl_u16(sc4)));
-            float32x4_t least = vmulq_f32(dmin, vcvtq_f32_u32(vmovl_u16(mn4)));
+            float32x4_t scale, least;
+            scales_4(w, g, b, h, &scale, &least);
             acc[h] = vfmaq_f32(acc[h], vmulq_f32(scale, x), vcvtq_f32_s32(dot[h]));
-            acc[h] = vfmsq_f32(acc[h], least, sum);
+            acc[h] = vfmaq_f32(acc[h], least, sum);
         }
     }
     for (int h = 0; h < 4; h++) vst1q_f32(out + 4 * h, acc[h]);
@@ -115,18 +166,15 @@ static void group_row(const Work *w, int64_t g, int64_t r) {
     for (int c = 0; c < COLUMNS; c++) {
         float total = 0.0f;
         for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *s = scales_at(w, g, b / SUB), *j = s + 64 + 32 * (b % SUB);
-            uint16_t dh, mh;
-            memcpy(&dh, s + 2 * c, 2);
-            memcpy(&mh, s + 32 + 2 * c, 2);
             int32_t dot = 0;
             for (int e = 0; e < 16; e++) {
                 uint8_t q = wq[(size_t)b * GROUP_BYTES + 64 * (e / 4) + 4 * c + e % 4];
                 dot += (q & 0x0f) * a[b * QK + e] + (q >> 4) * a[b * QK + e + 16];
             }
-            float scale = half_to_float(dh) * (float)j[c], least = half_to_float(mh) * (float)j[16 + c];
+            float scale, least;
+            scales_1(w, g, b, c, &scale, &least);
             total += scale * xd[b] * (float)dot;
-            total -= least * (xd[b] * (float)xs[b]);
+            total += least * (xd[b] * (float)xs[b]);
         }
         out[c] = total;
     }
@@ -134,25 +182,34 @@ static void group_row(const Work *w, int64_t g, int64_t r) {
 }
 
 #else
+/* group g's block b: its sixteen scales and minima (added times xd·sum) */
+static inline __attribute__((always_inline)) void scales_16(const Work *w, int64_t g, int64_t b, __m512 *scale,
+                                                            __m512 *least) {
+    if (w->kind == KIND_Q4_1) {
+        const uint16_t *dm = q4_1_at(w, g, b);
+        *scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dm));
+        *least = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(dm + 16)));
+        return;
+    }
+    const uint8_t *s = scales_at(w, g, b), *j = block_bytes(w, g, b);
+    __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)s));
+    __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + 32)));
+    *scale = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)j))));
+    *least = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_set1_epi32((int)0x80000000),  /* −dmin·m: a sign flip */
+        _mm512_castps_si512(_mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(j + 16))))))));
+}
+
 /* y[r, 16g .. 16(g+groups)-1] for `groups` (1 or 2) groups and rows r0 .. r0+count-1, as
- * Q4_0MatMul's tile: each sub-block's nibbles unpacked once for the tile's rows; inlined for each
+ * Q4_0MatMul's tile: each block's nibbles unpacked once for the tile's rows; inlined for each
  * constant count and groups so that the sums stay in registers. */
 static inline __attribute__((always_inline)) void tile_rows(const Work *w, int64_t g, int64_t r0, const int count,
                                                             const int groups) {
     const int64_t nb = w->k / QK;
     const __m512i low = _mm512_set1_epi8(0x0f);
-    __m512 acc[TILE][2], d[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}, dmin[2] = {d[0], d[0]};
+    __m512 acc[TILE][2];
     for (int t = 0; t < count; t++)
         for (int j = 0; j < groups; j++) acc[t][j] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *s[2];
-        for (int j = 0; j < groups; j++) {
-            s[j] = scales_at(w, g + j, b / SUB);
-            if (b % SUB == 0) {
-                d[j] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)s[j]));
-                dmin[j] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s[j] + 32)));
-            }
-        }
         __m512i dot[TILE][2];
         for (int t = 0; t < count; t++)
             for (int j = 0; j < groups; j++) dot[t][j] = _mm512_setzero_si512();
@@ -171,17 +228,13 @@ static inline __attribute__((always_inline)) void tile_rows(const Work *w, int64
             }
         }
         __m512 scale[2], least[2];
-        for (int j = 0; j < groups; j++) {
-            const uint8_t *sub = s[j] + 64 + 32 * (b % SUB);
-            scale[j] = _mm512_mul_ps(d[j], _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sub))));
-            least[j] = _mm512_mul_ps(dmin[j], _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(sub + 16)))));
-        }
+        for (int j = 0; j < groups; j++) scales_16(w, g + j, b, &scale[j], &least[j]);
         for (int t = 0; t < count; t++) {
             const float xd = w->x.xd[(r0 + t) * nb + b];
             __m512 x = _mm512_set1_ps(xd), sum = _mm512_set1_ps(xd * (float)w->x.xs[(r0 + t) * nb + b]);
             for (int j = 0; j < groups; j++) {
                 acc[t][j] = _mm512_fmadd_ps(_mm512_mul_ps(scale[j], x), _mm512_cvtepi32_ps(dot[t][j]), acc[t][j]);
-                acc[t][j] = _mm512_fnmadd_ps(least[j], sum, acc[t][j]);
+                acc[t][j] = _mm512_fmadd_ps(least[j], sum, acc[t][j]);
             }
         }
     }
@@ -224,38 +277,62 @@ static void run_task(void *data, size_t task) {
     group_task(w, w->m, w->n / COLUMNS, task, group_rows);
 }
 
-static OrtStatus *compute(const Kernel *kernel, OrtKernelContext *context) {
+/* the shape of the scales input: Q4_K's per super-block, Q4_1's per block */
+static void scale_dims(int kind, int64_t k, int64_t n, int64_t dims[3]) {
+    dims[0] = n / COLUMNS;
+    dims[1] = kind == KIND_Q4_K ? k / (QK * SUB) : k / QK;
+    dims[2] = kind == KIND_Q4_K ? SUPER_BYTES : Q4_1_HALVES;
+}
+
+static OrtStatus *compute_kind(const Kernel *kernel, OrtKernelContext *context, int kind) {
     const float *x;
     float *y;
-    int64_t rows;
+    int64_t rows, sc_dims[3];
     const void *qs, *sc;
-    if (kernel->k % (QK * SUB)) return fail("Q4_KMatMul: K must be a multiple of 256 (Q4_K's super-block)");
+    if (kind == KIND_Q4_K && kernel->k % (QK * SUB)) return fail("Q4_KMatMul: K must be a multiple of 256 (Q4_K's super-block)");
     CHECK(input_and_output(kernel, context, &x, &rows, &y));
     const int64_t qs_dims[] = {kernel->n / COLUMNS, kernel->k / QK, GROUP_BYTES};
-    const int64_t sc_dims[] = {kernel->n / COLUMNS, kernel->k / (QK * SUB), SUPER_BYTES};
+    scale_dims(kind, kernel->k, kernel->n, sc_dims);
     CHECK(weight(context, 1, qs_dims, 3, &qs));
     CHECK(weight(context, 2, sc_dims, 3, &sc));
     const float *bias;
     CHECK(bias_input(kernel, context, &bias));
     if (rows == 0) return NULL;
-    Work w = {.m = rows, .k = kernel->k, .n = kernel->n, .qs = qs, .sc = sc, .y = y};
-    if (quantized_rows(x, rows, kernel->k, 1, &w.x)) return ort->CreateStatus(ORT_FAIL, "Q4_KMatMul: out of memory");
+    Work w = {.m = rows, .k = kernel->k, .n = kernel->n, .kind = kind, .qs = qs, .sc = sc, .y = y};
+    if (quantized_rows(x, rows, kernel->k, 1, &w.x)) return ort->CreateStatus(ORT_FAIL, "specdeploy operator: out of memory");
     OrtStatus *status = ort->KernelContext_ParallelFor(context, run_task, group_tasks(kernel->n / COLUMNS), 0, &w);
     free_rows(&w.x);
     if (!status) add_bias(y, rows, kernel->n, bias);
     return status;
 }
 
-SpecOp q4_k_op = {.name = "Q4_KMatMul", .column_multiple = COLUMNS, .compute = compute,
-                  .weights = {ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8, ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8}};
+static OrtStatus *compute_q4_k(const Kernel *kernel, OrtKernelContext *context) {
+    return compute_kind(kernel, context, KIND_Q4_K);
+}
+static OrtStatus *compute_q4_1(const Kernel *kernel, OrtKernelContext *context) {
+    return compute_kind(kernel, context, KIND_Q4_1);
+}
 
-/* The same product outside ONNX Runtime, one thread, for tests and the lab: 0, -1 out of memory,
- * -2 K not a multiple of 256. */
-int q4_k_matmul(const float *x, int64_t m, int64_t k, const uint8_t *qs, const uint8_t *sc, int64_t n, float *y) {
-    if (k % (QK * SUB)) return -2;
-    Work w = {.m = m, .k = k, .n = n, .qs = qs, .sc = sc, .y = y};
+SpecOp q4_k_op = {.name = "Q4_KMatMul", .column_multiple = COLUMNS, .compute = compute_q4_k,
+                  .weights = {ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8, ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8}};
+SpecOp q4_1_op = {.name = "Q4_1MatMul", .column_multiple = COLUMNS, .compute = compute_q4_1,
+                  .weights = {ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16}};
+
+/* The same products outside ONNX Runtime, one thread, for tests and the lab: 0, -1 out of memory,
+ * -2 K not a multiple of 256 (Q4_K). */
+static int product(int kind, const float *x, int64_t m, int64_t k, const uint8_t *qs, const void *sc, int64_t n,
+                   float *y) {
+    if (kind == KIND_Q4_K && k % (QK * SUB)) return -2;
+    Work w = {.m = m, .k = k, .n = n, .kind = kind, .qs = qs, .sc = sc, .y = y};
     if (quantized_rows(x, m, k, 1, &w.x)) return -1;
     for (size_t t = 0; t < group_tasks(n / COLUMNS); t++) run_task(&w, t);
     free_rows(&w.x);
     return 0;
+}
+
+int q4_k_matmul(const float *x, int64_t m, int64_t k, const uint8_t *qs, const uint8_t *sc, int64_t n, float *y) {
+    return product(KIND_Q4_K, x, m, k, qs, sc, n, y);
+}
+int q4_1_matmul(const float *x, int64_t m, int64_t k, const uint8_t *qs, const uint16_t *dm, int64_t n, float *y) {
+    return product(KIND_Q4_1, x, m, k, qs, dm, n, y);
 }

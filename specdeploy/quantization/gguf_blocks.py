@@ -88,7 +88,14 @@ def _q6_k_scales(raw: np.ndarray) -> SuperScales:
     return SuperScales("Q6_K", d, np.ascontiguousarray(blocks[:, 192:208]).view(np.int8).reshape(rows, -1))
 
 
-_OWN_SCALES = {"Q4_K": _q4_k_scales, "Q6_K": _q6_k_scales}
+def _q4_1_scales(raw: np.ndarray) -> SuperScales:
+    """A Q4_1 tensor's own d and m, float16 per 32 (Q4_1MatMul reads these)."""
+    rows = raw.shape[0]
+    halves = np.ascontiguousarray(raw.reshape(rows, -1, 20)[..., :4]).view(np.float16)   # [rows, nb, 2]
+    return SuperScales("Q4_1", np.ascontiguousarray(halves[..., 0]), dmin=np.ascontiguousarray(halves[..., 1]))
+
+
+_OWN_SCALES = {"Q4_K": _q4_k_scales, "Q6_K": _q6_k_scales, "Q4_1": _q4_1_scales}
 
 
 def _decode_q5_0(raw: np.ndarray):

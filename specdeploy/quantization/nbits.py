@@ -26,13 +26,14 @@ OFFSET_BLOCK = 32  # weights of K sharing one float offset (GGUF's block)
 
 @dataclass(frozen=True)
 class SuperScales:
-    """A GGUF K-quant weight's own scales, kept beside its Blocks so that specdeploy's operators read
-    them as the file holds them. Q4_K: block b's scale is d·sc[b], its minimum dmin·mn[b]; Q6_K:
-    sub-block b's (16 weights) scale is d·sc[b]."""
-    kind: str                 # "Q4_K" or "Q6_K"
-    d: np.ndarray             # float16 [N, K/256]
-    sc: np.ndarray            # Q4_K: uint8 [N, K/32], 6-bit; Q6_K: int8 [N, K/16]
-    dmin: np.ndarray | None = None  # Q4_K: float16 [N, K/256]
+    """A GGUF weight's own scales, kept beside its Blocks so that specdeploy's operators read them as
+    the file holds them. Q4_K: block b's (32 weights) scale is d·sc[b], its minimum −dmin·mn[b];
+    Q6_K: sub-block b's (16 weights) scale is d·sc[b]; Q4_1: block b's scale is d[b], its minimum
+    dmin[b] (the file's m)."""
+    kind: str                       # "Q4_K", "Q6_K" or "Q4_1"
+    d: np.ndarray                   # float16 [N, K/256] (Q4_1: [N, K/32])
+    sc: np.ndarray | None = None    # Q4_K: uint8 [N, K/32], 6-bit; Q6_K: int8 [N, K/16]
+    dmin: np.ndarray | None = None  # Q4_K: float16 [N, K/256]; Q4_1: float16 [N, K/32]
     mn: np.ndarray | None = None    # Q4_K: uint8 [N, K/32], 6-bit
 
     @staticmethod

@@ -55,14 +55,15 @@ def fuse_biases(model) -> int:
 
 def names(bundle: Path, graphs: dict) -> tuple[str, ...]:
     """The manifest's `operators`: the library's operators and layouts the graphs need, or none
-    (Q4_0MatMul and Q8MatMul are "q4_0.v2", Q4_KMatMul "q4_k.v1", Q6_KMatMul "q6_k.v1")."""
+    (Q4_0MatMul and Q8MatMul are "q4_0.v2", Q4_KMatMul and Q4_1MatMul "q4_k.v1", Q6_KMatMul "q6_k.v1")."""
     import onnx
 
-    from . import q4_k, q6_k
+    from . import q4_1, q4_k, q6_k
 
     ops = {n.op_type for g in graphs.values()
            for n in onnx.load(str(bundle / g.file), load_external_data=False).graph.node if n.domain == DOMAIN}
-    layouts = ((Q4_0, bool(ops - {q4_k.OP, q6_k.OP})), (Q4_K, q4_k.OP in ops), (Q6_K, q6_k.OP in ops))
+    minima = {q4_k.OP, q4_1.OP}
+    layouts = ((Q4_0, bool(ops - minima - {q6_k.OP})), (Q4_K, bool(ops & minima)), (Q6_K, q6_k.OP in ops))
     return tuple(name for name, used in layouts if used)
 
 
