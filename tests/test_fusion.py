@@ -117,8 +117,9 @@ def test_sibling_matmuls_become_one_whose_columns_are_bitwise_the_same(bits, blo
 
 
 def test_siblings_of_different_kinds_stay_apart():
-    """q and k of one kind fuse; v of another (a GGUF's Q6_K beside Q4_K) keeps its own MatMul, so
-    each keeps the file's blocks."""
+    """q and k of one kind beside v of another (a GGUF's Q6_K beside Q4_K): all three keep their own
+    MatMul (each the file's blocks; q, k, v apart as attention fusion knows them); gate / up of one
+    kind still fuse."""
     k = 64
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, ROWS, k])
     outs = [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None) for i in range(3)]
@@ -126,9 +127,10 @@ def test_siblings_of_different_kinds_stay_apart():
     for i, n in enumerate((32, 16, 16)):
         model.graph.initializer.append(numpy_helper.from_array(np.full((k, n), float(i == 2), np.float32), f"w{i}"))
         model.graph.node.append(helper.make_node("MatMul", ["x", f"w{i}"], [f"y{i}"], name=f"m{i}"))
-    assert fusion.fuse_sibling_matmuls(model, kind=lambda w: float(w[0, 0])) == 1
-    assert sorted(n.op_type for n in model.graph.node) == ["MatMul", "MatMul", "Split"]
-    assert [n.input[1] for n in model.graph.node if n.op_type == "MatMul"] == ["m0.fused.weight", "w2"]
+    assert fusion.fuse_sibling_matmuls(model, kind=lambda w: float(w[0, 0])) == 0
+    assert [n.input[1] for n in model.graph.node] == ["w0", "w1", "w2"]
+    assert fusion.fuse_sibling_matmuls(model, kind=lambda w: 0.0) == 1
+    assert sorted(n.op_type for n in model.graph.node) == ["MatMul", "Split"]
 
 
 def _heads_graph(perm=(0, 2, 1, 3)):

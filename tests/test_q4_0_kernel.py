@@ -507,5 +507,6 @@ def test_a_q4_k_m_gguf_exports_onto_the_operators_exactly(library, checkpoint_sc
     assert manifest.operators == (kernels.Q4_K, kernels.Q6_K) and manifest.row_check["passed"]
     ops = [n.op_type for g in ("draft", "verify", "head") for n in onnx.load(str(bundle / manifest.graphs[g].file)).graph.node]
     assert ops.count(q4_k.OP) >= 4 and ops.count(q6_k.OP) >= 3 and "MatMulNBits" not in ops  # v, down, the head
+    assert ops.count("GroupQueryAttention") == 3  # every layer's attention one kernel, q / k / v apart or not
     with Engine(bundle) as engine:
         assert_early_exit_equals_plain(engine)

@@ -170,12 +170,19 @@ def _split_part(g: _Graph, name: str):
 
 
 def _width(g: _Graph, name: str) -> int | None:
-    """Columns of the [B, S, N] split part `name` was made from (through norms and reshapes)."""
+    """Columns of the [B, S, N] `name` was made from (through norms and reshapes): a split part's,
+    or a projection's of its own (a MatMul over a weight [K, N], with or without a bias Add: q, k
+    and v kept apart because their GGUF types differ)."""
     node = g.producer.get(name)
     while node is not None and node.op_type in {"Reshape", "RMSNormalization", "Identity"}:
         name, node = node.input[0], g.producer.get(node.input[0])
     part = _split_part(g, name)
-    return int(part[1][part[2]]) if part is not None else None
+    if part is not None:
+        return int(part[1][part[2]])
+    if node is not None and node.op_type == "Add" and node.input[1] in g.init_dims:
+        node = g.producer.get(node.input[0])
+    dims = g.init_dims.get(node.input[1]) if node is not None and node.op_type == "MatMul" else None
+    return int(dims[1]) if dims is not None and len(dims) == 2 else None
 
 
 def _per_head_norm(g: _Graph, name: str):

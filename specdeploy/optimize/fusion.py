@@ -42,6 +42,7 @@ class _Graph:
                 self.consumers[name].append(node)
         self.inits = {t.name: array(t) for t in model.graph.initializer
                       if np.prod(t.dims) <= 64}
+        self.init_dims = {t.name: list(t.dims) for t in model.graph.initializer}
         self.shapes = {v.name: [d.dim_value or None for d in v.type.tensor_type.shape.dim]
                        for v in [*model.graph.input, *model.graph.value_info, *model.graph.output]}
         self._values = {}
@@ -232,8 +233,9 @@ def fuse_sibling_matmuls(model, kind=None) -> int:
     """Float MatMuls reading one activation with initializer weights [K, N] as one MatMul over the
     weights concatenated along N and a Split; run before quantizing, so the quantizer (and a GGUF's
     blocks, matched per column) makes one MatMulNBits whose columns are the separate ones'.
-    `kind(W [K, N])`: siblings of different kinds stay apart (a GGUF's Q4_K q / k beside a Q6_K v:
-    fused, no kernel would carry the file's blocks of both)."""
+    `kind(W [K, N])`: siblings of different kinds all stay apart (a GGUF's Q4_K q / k beside a Q6_K
+    v: fused, no kernel would carry the file's blocks of both; apart, not q / k fused beside v, the
+    attention fusion still finds q, k and v)."""
     from onnx import helper, numpy_helper
 
     inits = {t.name: t for t in model.graph.initializer}
@@ -242,14 +244,10 @@ def fuse_sibling_matmuls(model, kind=None) -> int:
         weight = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
         if weight is not None and len(weight.dims) == 2:
             readers[node.input[0], weight.dims[0]].append(node)
-    groups = collections.defaultdict(list)
-    for (x, k), nodes in readers.items():
-        for node in nodes:
-            groups[x, k, kind(array(inits[node.input[1]])) if kind and len(nodes) > 1 else None].append(node)
+    groups = {key: nodes for key, nodes in readers.items()
+              if len(nodes) > 1 and not (kind and len({kind(array(inits[n.input[1]])) for n in nodes}) > 1)}
     replaced = {}
-    for (x, _, _), siblings in groups.items():
-        if len(siblings) < 2:
-            continue
+    for (x, _), siblings in groups.items():
         name = siblings[0].name + ".fused"
         weights = [inits[n.input[1]] for n in siblings]                                   # [K, N_i]
         joined = lambda ws=weights: np.concatenate([array(w) for w in ws], axis=1)  # noqa: E731  # [K, sum N_i]
@@ -263,7 +261,7 @@ def fuse_sibling_matmuls(model, kind=None) -> int:
         replaced[id(siblings[0])] = [matmul, split]
         replaced.update({id(n): [] for n in siblings[1:]})
     set_nodes(model, [m for n in model.graph.node for m in replaced.get(id(n), [n])])
-    return sum(len(v) > 1 for v in groups.values())
+    return len(groups)
 
 
 def fuse_split_biases(model) -> int:
