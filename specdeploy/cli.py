@@ -12,7 +12,7 @@ import click
 
 from .constants import (BACKENDS, DEFAULT_BACKEND, DEFAULT_BUNDLE, DEFAULT_DRAFT_SOURCE, DEFAULT_LOOKUP_NGRAM,
                         DEFAULT_MAX_CONTEXT, DEFAULT_NUM_DRAFT_TOKENS, DEFAULT_OPSET, DEFAULT_PREFILL_CHUNK,
-                        DEFAULT_QUANT_METHOD, INT4_KERNELS, OPSETS,
+                        DEFAULT_INT4_KERNEL, DEFAULT_QUANT_METHOD, INT4_KERNEL_ALIASES, INT4_KERNELS, OPSETS,
                         PRECISIONS, PROVIDERS, QUANTIZED_PRECISIONS, QUANT_METHODS, SOURCES)
 from .errors import SpecDeployError
 
@@ -127,12 +127,15 @@ def _precision_options(choices=PRECISION, default=None, required=False, default_
                               "32's [min, max] with a float offset), mse (per-block squared-error scales), rtn "
                               "(round to nearest: fast, lossy), or ort (ONNX Runtime's own quantizer for every "
                               "weight, GGUF or not; no exact TensorRT form at int8).")(f)
-        f = click.option("--int4-kernel", type=click.Choice(INT4_KERNELS), default="matmulnbits", show_default=True,
-                         help="What computes int4 weights: ONNX Runtime's MatMulNBits, or q4_0: specdeploy's "
-                              "operator reading Q4_0 blocks of 32 in place from the weights file (4.5 bits a "
-                              "weight, no packed copy: faster and smaller where decoding streams the weights; "
-                              "a Q4_0 GGUF's own blocks, or rtn / mse rounding; GPTQ and minmax keep MatMulNBits; "
-                              "built here by build-kernels).")(f)
+        f = click.option("--int4-kernel", type=click.Choice([*INT4_KERNELS, *INT4_KERNEL_ALIASES]),
+                         default=DEFAULT_INT4_KERNEL, show_default=True,
+                         help="What computes int4 weights: specdeploy's own operators, reading a GGUF's Q4_0 / "
+                              "Q4_1 / Q4_K / Q6_K / Q8_0 blocks (and rtn / mse rounding) in place from the "
+                              "weights file (no packed copy: faster and smaller where decoding streams the "
+                              "weights; a library built here by build-kernels, or at first use), or "
+                              "matmulnbits: ONNX Runtime's own kernel (portable, nothing built; the CUDA form). "
+                              "auto: specdeploy's where the library is built or a C compiler can build it. "
+                              "q4_0 is specdeploy's earlier name.")(f)
         return click.option("--precision", type=choices, default=default, required=required,
                             help="int4/int8: integer compute (MatMulNBits); fp16/fp8: weight-only." + default_help)(f)
     return decorate

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .constants import (DEFAULT_PREFILL_CHUNK, INT4_KERNELS, MAX_DRAFT_TOKENS, MAX_NGRAM, PRECISIONS, QUANT_METHODS,
+from .constants import (DEFAULT_PREFILL_CHUNK, INT4_KERNEL_ALIASES, INT4_KERNELS, MAX_DRAFT_TOKENS, MAX_NGRAM, PRECISIONS, QUANT_METHODS,
                         SOURCES)
 from .errors import ConfigError
 
@@ -44,6 +44,8 @@ def check_method(method: str) -> str:
 
 
 def check_int4_kernel(kernel: str) -> str:
+    """The kernel's name (an earlier name as today's), or an error naming the choices."""
+    kernel = INT4_KERNEL_ALIASES.get(kernel, kernel)
     if kernel not in INT4_KERNELS:
         raise ConfigError(f"int4 kernel '{kernel}' is unknown; pick one of {', '.join(INT4_KERNELS)}")
     return kernel

@@ -24,10 +24,14 @@ PRECISIONS = ("fp32", "fp16", "int8", "int4", "fp8")
 QUANTIZED_PRECISIONS = ("fp16", "int8", "int4", "fp8")
 COMPUTE_PRECISIONS = ("int8", "int4")   # MatMulNBits: integer kernels; the others are weight-only
 QUANT_METHODS = ("rtn", "mse", "minmax", "gptq", "ort")   # how int4/int8 blocks are rounded (quantization.compute)
-# what computes int4 weights: ONNX Runtime's MatMulNBits (packed at load, 6 bits a weight in
-# memory), or specdeploy's Q4_0MatMul (GGUF's Q4_0 bytes read in place from the weights file, 4.5
-# bits a weight; a library built on this machine: kernels/), for symmetric blocks of 32
-INT4_KERNELS = ("matmulnbits", "q4_0")
+# what computes int4 weights (and a GGUF's Q4_1 / Q4_K / Q6_K / Q8_0 blocks): specdeploy's own
+# operators (the file's blocks read in place from the weights file, 4.5-6.6 bits a weight; a
+# library built on this machine: kernels/), or ONNX Runtime's MatMulNBits (packed at load, 6 bits a
+# weight at 4; needs nothing built, and the form CUDA and TensorRT take). "auto": ours wherever the
+# library is built or can be (a C compiler here), else MatMulNBits. "q4_0" is ours' earlier name.
+INT4_KERNELS = ("auto", "specdeploy", "matmulnbits")
+INT4_KERNEL_ALIASES = {"q4_0": "specdeploy"}
+DEFAULT_INT4_KERNEL = "auto"
 # the lowest output error of those (docs/precision.md); rtn is the fast, lossy option
 DEFAULT_QUANT_METHOD = "gptq"
 

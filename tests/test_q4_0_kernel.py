@@ -283,7 +283,12 @@ def test_a_bundle_needing_the_operator_says_how_to_build_it(q4_0_bundle, tmp_pat
     bundle, _ = q4_0_bundle
     monkeypatch.setenv("SPECDEPLOY_CACHE", str(tmp_path))       # nothing built there
     monkeypatch.setattr(kernels, "find_include", lambda include=None: None)
-    with pytest.raises(ConfigError, match="build-kernels"):
+
+    def offline():
+        raise ConfigError("could not download ONNX Runtime's headers")
+
+    monkeypatch.setattr(kernels, "fetch_headers", offline)
+    with pytest.raises(ConfigError, match="could not download.*build-kernels.*--int4-kernel matmulnbits"):
         Engine(bundle)
 
 
@@ -333,7 +338,7 @@ def test_the_operators_weights_are_read_into_memory_of_their_own_and_compute_the
 
 def test_the_kernel_is_refused_with_blocks_of_16():
     with pytest.raises(ConfigError, match="blocks of 32"):
-        ComputeOptions(int4_kernel="q4_0", int4_block=16)
+        ComputeOptions(int4_kernel="specdeploy", int4_block=16)
     with pytest.raises(ConfigError, match="q4_1"):
         ComputeOptions(int4_kernel="q4_1")
 
@@ -409,7 +414,7 @@ def test_rounding_for_the_operator_keeps_gptqs_grid_and_gives_rtn_float16_scales
 
 def test_tensorrt_forms_are_refused_with_the_operator():
     with pytest.raises(ConfigError, match="TensorRT cannot build"):
-        QuantizeOptions("int4", tensorrt=True, compute=ComputeOptions(int4_kernel="q4_0"))
+        QuantizeOptions("int4", tensorrt=True, compute=ComputeOptions(int4_kernel="specdeploy"))
 
 
 def test_a_gguf_q4_k_tensor_is_carried_with_the_files_own_scales_and_nibbles(checkpoint_script):
@@ -510,3 +515,27 @@ def test_a_q4_k_m_gguf_exports_onto_the_operators_exactly(library, checkpoint_sc
     assert ops.count("GroupQueryAttention") == 3  # every layer's attention one kernel, q / k / v apart or not
     with Engine(bundle) as engine:
         assert_early_exit_equals_plain(engine)
+
+
+def test_auto_takes_specdeploys_kernels_where_they_can_be_built_and_says_why_not_elsewhere(monkeypatch):
+    from specdeploy.quantization.operators import decided
+
+    said = []
+    monkeypatch.setattr(kernels, "unavailable", lambda: None)
+    assert decided(ComputeOptions(), False, said.append).int4_kernel == "specdeploy" and not said
+    assert decided(ComputeOptions(), True, said.append).int4_kernel == "matmulnbits" and not said  # TensorRT
+    monkeypatch.setattr(kernels, "unavailable", lambda: "no C compiler here (cc or gcc)")
+    assert decided(ComputeOptions(), False, said.append).int4_kernel == "matmulnbits"
+    assert len(said) == 1 and "MatMulNBits" in said[0] and "no C compiler" in said[0] and "build-kernels" in said[0]
+    assert decided(ComputeOptions(int4_kernel="matmulnbits"), False, said.append).int4_kernel == "matmulnbits"
+    assert ComputeOptions(int4_kernel="q4_0").int4_kernel == "specdeploy"  # the earlier name
+
+
+def test_a_machine_without_a_compiler_or_header_is_named(tmp_path, monkeypatch):
+    import shutil
+
+    monkeypatch.setenv("SPECDEPLOY_CACHE", str(tmp_path))
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setattr(kernels, "find_include", lambda include=None: None)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert "no C compiler" in kernels.unavailable()

@@ -142,8 +142,15 @@ def _results(config: PeerConfig, rows: list[Row], categories: list[str]) -> dict
                          seconds_per_repeat=[round(s, 4) for s in row.seconds],
                          **_agreement(row.outputs, reference.outputs))
         table.append(entry)
-    return {"reference": reference.name, "categories": categories, "max_new_tokens": config.max_new_tokens,
-            "repeats": config.repeats, "machine": machine_info(), "rows": table}
+    results = {"reference": reference.name, "categories": categories, "max_new_tokens": config.max_new_tokens,
+               "repeats": config.repeats, "machine": machine_info(), "rows": table}
+    if Path(config.model).suffix == ".gguf":
+        from . import roofline
+
+        weights, bandwidth = roofline.gguf_weight_bytes(config.model), roofline.read_bandwidth()
+        results["roofline"] = {"file_gb": round(weights / 1e9, 3), "read_gb_s": round(bandwidth / 1e9, 1),
+                               "roofline_tok_s": round(bandwidth / weights, 1)}
+    return results
 
 
 UNSTEADY = 1.25  # repeats this far apart: the other 47 peer runs kept in docs/bench stayed within 1.22
@@ -176,6 +183,11 @@ def markdown(results: dict) -> str:
             lines.append(f"| {r['runtime']} | {r['tokens_per_second']:.1f} | {r['vs_reference']:.2f}×"
                          f"{spread(r['vs_reference_range'])} | "
                          f"{r['prompts_equal']}/{r['prompts']} | {r['mean_leading_equal']} | {r['note']} |")
+    r = results.get("roofline")
+    if r:
+        lines.append(f"\nMemory roofline: the file's {r['file_gb']:.3f} GB of weights a token at {r['read_gb_s']:.1f} "
+                     f"GB/s read here allows {r['roofline_tok_s']:.1f} tok/s of decoding (the rows above include "
+                     f"each prompt's prefill; `specdeploy bench` reports a step's fraction of its bundle's roofline).")
     warning = unsteady(results)
     return "\n".join(lines + ([f"\n**{warning}**"] if warning else []))
 

@@ -93,6 +93,7 @@ def markdown(results: dict) -> str:
             lines.append(f"| {cat} | {r['plain']['tokens_per_second']:.1f} | " + " | ".join(cells) + " |")
         lines.append("")
     lines += _position_lines(results)
+    lines += _roofline_lines(results)
     if "lookup_bound" in results:
         lines += _bound_lines(results)
     if "sweep" in results:
@@ -140,6 +141,21 @@ def _position_lines(results: dict) -> list[str]:
 def spread(bounds) -> str:
     """A speedup's per-repeat range as " (low–high)"; nothing where the repeats agree or were one."""
     return f" ({bounds[0]:.2f}–{bounds[1]:.2f})" if bounds and bounds[0] != bounds[1] else ""
+
+
+def _roofline_lines(results: dict) -> list[str]:
+    """What a pass over more rows costs, and plain decoding against the memory roofline."""
+    lines = []
+    if "passes" in results:
+        costs = " / ".join(f"{v:.2f}" for v in results["passes"].values())
+        lines.append(f"A full-depth pass over 1…{len(results['passes'])} rows costs {costs} one-row steps "
+                     f"(each row count timed in turn at a valid length of 32).")
+    r = results.get("roofline")
+    if r:
+        lines.append(f"Plain decoding's one-row step runs at {r['step_tok_s']:.1f} tok/s, {100 * r['fraction']:.0f}% "
+                     f"of the memory roofline: {r['weight_gb']:.3f} GB of weights a token (as the bundle stores them) "
+                     f"at {r['read_gb_s']:.1f} GB/s read here allows {r['roofline_tok_s']:.1f}.")
+    return lines + [""] if lines else []
 
 
 def _bound_lines(results: dict) -> list[str]:

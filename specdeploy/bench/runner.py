@@ -18,7 +18,10 @@ from ..errors import SpecDeployError
 from ..runtime.costs import CostModel, feature_head_costs, measure
 from ..runtime.engine import Engine
 from ..runtime.timing import ModeResult, run_modes
+from . import roofline
 from .priced import priced_speedups
+
+PASS_ROWS = 8  # rows a pass is priced over in the report: a verify pass of up to 7 drafts
 
 
 @dataclass(frozen=True)
@@ -161,7 +164,10 @@ def run(config: BenchConfig) -> dict:
         categories = run_categories(engine, config, prompt_set)
         results = summarise(engine.manifest, categories, config)
         if 0.0 in config.temperatures:
-            costs = measure(engine.model, engine.manifest.num_draft_tokens + 1)
+            costs = measure(engine.model, max(PASS_ROWS, engine.manifest.num_draft_tokens + 1))
+            results["passes"] = roofline.pass_costs(costs, PASS_ROWS)
+            results["roofline"] = roofline.roofline(roofline.bundle_weight_bytes(config.bundle, engine.manifest),
+                                                    roofline.read_bandwidth(), costs.full_step_s)
             results["lookup_bound"] = lookup_bound(engine, categories, config.lookup_ngram, costs)
             results["priced"] = priced_speedups(categories, costs, engine.manifest.exit_layer)
         if io_names.FEATURE_HEAD in engine.manifest.graphs:

@@ -15,7 +15,7 @@ from typing import Callable
 
 from ..config import (check_int4_kernel, check_method, check_ngram, check_num_draft_tokens, check_precision,
                       check_source)
-from ..constants import (BACKENDS, DEFAULT_BACKEND, DEFAULT_BUNDLE, DEFAULT_DRAFT_SOURCE, DEFAULT_LOOKUP_NGRAM,
+from ..constants import (BACKENDS, DEFAULT_BACKEND, DEFAULT_INT4_KERNEL, DEFAULT_BUNDLE, DEFAULT_DRAFT_SOURCE, DEFAULT_LOOKUP_NGRAM,
                          DEFAULT_MAX_CONTEXT, DEFAULT_NUM_DRAFT_TOKENS, DEFAULT_OPSET,
                          MAX_CONTEXT_RANGE, DEFAULT_QUANT_METHOD, OPSETS)
 from ..errors import ConfigError
@@ -44,7 +44,7 @@ class ExportConfig:
     opset: int = DEFAULT_OPSET                     # 23: ScatterND KV writes, for ONNX Runtime < 1.25
     feature_layers: tuple[int, ...] = ()           # layers whose input the graphs also output (a feature head's)
     feature_head: Path | None = None               # an EAGLE-3 head to add (its layers become feature_layers)
-    int4_kernel: str = "matmulnbits"               # what computes int4 weights (constants.INT4_KERNELS)
+    int4_kernel: str = DEFAULT_INT4_KERNEL         # what computes int4 weights (constants.INT4_KERNELS)
 
     def __post_init__(self):
         object.__setattr__(self, "source", Path(self.source))
@@ -68,7 +68,7 @@ class ExportConfig:
             if p is not None:
                 check_precision(p)
         check_method(self.method)
-        check_int4_kernel(self.int4_kernel)
+        object.__setattr__(self, "int4_kernel", check_int4_kernel(self.int4_kernel))
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend='{self.backend}' is unknown; pick one of {', '.join(BACKENDS)}")
 

@@ -142,14 +142,34 @@ def build(include: Path | None = None, compiler: str | None = None, flags: tuple
     return target
 
 
-def library(required_by: str = "this bundle") -> Path:
-    """The built library, building it where the header is found; a clear error where it cannot be."""
+def ensure() -> Path:
+    """The built library: built now where a C compiler is here, its header fetched when none is
+    found (a ConfigError saying what is missing where that fails)."""
     if library_path().is_file():
         return library_path()
+    if find_include() is None:
+        if not (os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")):
+            raise ConfigError("no C compiler here (cc or gcc); install one (Debian: apt-get install gcc)")
+        fetch_headers()
+    return build()
+
+
+def library(required_by: str = "this bundle") -> Path:
+    """The built library, building it at first use where it can be; a clear error where it cannot."""
     try:
-        return build()
+        return ensure()
     except ConfigError as exc:
-        raise ConfigError(f"{required_by} uses specdeploy's Q4_0 operator, which is not built here: {exc}") from None
+        raise ConfigError(f"{required_by} uses specdeploy's int4 operators, which are not built here: {exc}; "
+                          f"then run `specdeploy build-kernels`, or re-export with --int4-kernel matmulnbits") from None
+
+
+def unavailable() -> str | None:
+    """Why the library cannot be had here, or None (it is built, or was just built)."""
+    try:
+        ensure()
+    except ConfigError as exc:
+        return str(exc)
+    return None
 
 
 def build_here(include: Path | None = None, fetch: bool = False) -> str:

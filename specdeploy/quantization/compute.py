@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import check_int4_kernel
-from ..constants import QUANT_METHODS as METHODS
+from ..constants import DEFAULT_INT4_KERNEL, QUANT_METHODS as METHODS
 from ..errors import ConfigError
 from ..optimize import attention, fusion, gqa_probe
 from ..optimize.graph import MS_DOMAIN, array, attrs as node_attrs, lazy_weights, materialize, set_nodes, use_ms_domain
@@ -91,7 +91,7 @@ class ComputeOptions:
     fused_attention: bool = True
     head_bits: int = 8
     two_rows: bool | None = None
-    int4_kernel: str = "matmulnbits"
+    int4_kernel: str = DEFAULT_INT4_KERNEL  # "auto" is decided when a bundle is quantized (operators.choose_kernel)
 
     def outliers_for(self, precision: str) -> bool:
         return self.float_outliers if self.float_outliers is not None else precision == "int8"
@@ -100,14 +100,15 @@ class ComputeOptions:
         if self.int4_block not in (None, *INT4_BLOCKS):
             raise ConfigError(f"int4 block size {self.int4_block} is not offered; pick one of "
                               f"{', '.join(map(str, INT4_BLOCKS))} (or leave it to the row check)")
-        check_int4_kernel(self.int4_kernel)
-        if self.int4_kernel == "q4_0" and self.int4_block not in (None, 32):
-            raise ConfigError(f"the q4_0 kernel reads blocks of 32, not {self.int4_block}; drop --int4-block")
+        object.__setattr__(self, "int4_kernel", check_int4_kernel(self.int4_kernel))
+        if self.int4_kernel == "specdeploy" and self.int4_block not in (None, 32):
+            raise ConfigError(f"specdeploy's int4 kernels read blocks of 32, not {self.int4_block}; drop --int4-block "
+                              f"(or add --int4-kernel matmulnbits)")
         if self.head_bits not in (4, 8):
             raise ConfigError(f"an int4 bundle's LM head is 4 or 8 bits, not {self.head_bits}")
 
     def blocks(self) -> tuple:
-        if self.int4_kernel == "q4_0":
+        if self.int4_kernel == "specdeploy":
             return (32,)
         return (self.int4_block,) if self.int4_block else INT4_BLOCKS
 
@@ -171,7 +172,7 @@ def quantize_graph(src: Path, dst: Path, precision: str, method: str = "rtn", in
         if method != "ort":
             carried = _own_blocks(model, chosen, "absmax" if method == "rtn" else method, index, outliers, grams,
                                   fold=not options.exact_offsets,
-                                  q4_0=options.int4_kernel == "q4_0" and precision == "int4")
+                                  q4_0=options.int4_kernel == "specdeploy" and precision == "int4")
         materialize(model)
     if method == "ort":
         quantizer = mnb.MatMulNBitsQuantizer(model, algo_config=_algo_config(chosen, method),

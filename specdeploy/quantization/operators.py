@@ -9,6 +9,23 @@ import numpy as np
 from ..kernels import DOMAIN, Q4_0, Q4_K, Q6_K
 
 
+def decided(compute, tensorrt: bool, echo):
+    """`compute` (ComputeOptions) with int4_kernel "auto" decided: specdeploy's operators where
+    their library is built or can be built here, else ONNX Runtime's MatMulNBits (said in one line);
+    MatMulNBits for a TensorRT bundle, which cannot build ours."""
+    import dataclasses
+
+    from .. import kernels
+
+    if compute.int4_kernel != "auto":
+        return compute
+    why = "TensorRT cannot build specdeploy's" if tensorrt else kernels.unavailable()
+    if why and not tensorrt:
+        echo(f"int4 kernel: ONNX Runtime's MatMulNBits, since specdeploy's cannot be built here ({why}); "
+             f"`specdeploy build-kernels` builds them")
+    return dataclasses.replace(compute, int4_kernel="matmulnbits" if why else "specdeploy")
+
+
 def uses(model) -> bool:
     """Whether an ONNX model holds any of specdeploy's operators."""
     return any(n.domain == DOMAIN for n in model.graph.node)

@@ -33,9 +33,9 @@ class QuantizeOptions:
             if p is not None:
                 check_precision(p)
         check_method(self.method)
-        if self.tensorrt and self.compute.int4_kernel != "matmulnbits":
-            raise ConfigError(f"--int4-kernel {self.compute.int4_kernel} is specdeploy's CPU operator, which "
-                              f"TensorRT cannot build; drop it for a TensorRT bundle (or drop --tensorrt)")
+        if self.tensorrt and self.compute.int4_kernel == "specdeploy":
+            raise ConfigError("--int4-kernel specdeploy is specdeploy's CPU operators, which TensorRT cannot "
+                              "build; drop it for a TensorRT bundle (or drop --tensorrt)")
 
     def plan(self, manifest) -> dict[str, str]:
         """Precision per graph of `manifest`."""

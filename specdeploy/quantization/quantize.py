@@ -125,7 +125,7 @@ def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str,
                 f"inputs in float" if channels else "")
         two = (f"; {padded[name]} matmuls handed a padded second row (a one-row int4 call is another "
                f"kernel without VNNI)" if padded[name] else "")
-        own = own_count(dst) if plan[name] == "int4" and options.int4_kernel == "q4_0" else 0
+        own = own_count(dst) if plan[name] == "int4" and options.int4_kernel == "specdeploy" else 0
         own_line = f"; {own} matmul{'s' if own > 1 else ''} by specdeploy's operators (read in place)" if own else ""
         nearest = (f"; rounded to nearest, not by GPTQ: {calibration.unrounded[name]} (more memory, or the "
                    f"model's GGUF with its blocks carried, avoids this)" if name in calibration.unrounded else "")
@@ -261,7 +261,11 @@ def quantize_into(source: Path, target: Path, options: QuantizeOptions, texts: l
     the largest block of `options.compute.blocks()` whose graphs pass the row check on this machine;
     float offsets folded where a block size passes so, else kept exact (its kernel's rows differ on
     fewer CPUs: no zero points)."""
-    manifest, compute = manifest_io.read(source), options.compute
+    from .operators import decided
+
+    manifest = manifest_io.read(source)
+    compute = decided(options.compute, options.tensorrt, echo) if "int4" in options.plan(manifest).values() \
+        else options.compute
     graphs = manifest.graphs
     blocks = compute.blocks() if "int4" in options.plan(manifest).values() else (None,)
     attempts, folded = [(block, compute.exact_offsets) for block in blocks], False

@@ -38,6 +38,10 @@ def test_quick_bench_writes_json_markdown_and_plots(tiny_bundle, tmp_path):
     assert all(set(p) == {"early_exit", "lookup", "hybrid"} and min(p.values()) > 0 for p in priced.values())
     assert "hybrid priced / measured" in markdown
     assert results["machine"]["packages"]["onnxruntime"]
+    assert list(results["passes"]) == list(range(1, 9)) and results["passes"][1] == 1.0
+    roof = results["roofline"]
+    assert roof["weight_gb"] > 0 and roof["read_gb_s"] > 0 and 0 < roof["fraction"]
+    assert "one-row steps" in markdown and "of the memory roofline" in markdown
 
 
 def test_greedy_mismatch_fails_the_run():
