@@ -7,7 +7,7 @@ python3 -m pip install --quiet --no-deps -e . 2>/dev/null || python3 -m pip inst
 python3 -m pip install --quiet onnx onnxscript onnxruntime tokenizers jinja2 click transformers gguf accelerate
 scripts/fetch_model.sh
 [ -f gpu-check.plan/manifest.json ] || python3 -m specdeploy.cli export --exit-layer 8 --max-context 1024 \
-    models/SmolLM2-135M-Instruct.Q4_1.gguf --output gpu-check.plan
+    models/SmolLM2-135M-Instruct.Q4_1.gguf --precision fp32 --output gpu-check.plan
 # int4 compute: MatMulNBits for ONNX Runtime's CUDA provider, the DequantizeLinear form for TensorRT;
 # the default folds the Q4_1 minima into the matmuls (zero points, K + K/32), --exact-offsets does not;
 # --tensorrt keeps attention op by op (the CPU's fused GroupQueryAttention has no float32 CUDA kernel)

@@ -170,7 +170,7 @@ def _ngram_option(default=DEFAULT_LOOKUP_NGRAM, purpose="recorded as the default
 @click.option("--opset", type=click.Choice([str(o) for o in OPSETS]), default=str(DEFAULT_OPSET), show_default=True,
               help="23: for ONNX Runtime 1.23 (the newest on Python 3.10, e.g. JetPack 6).")
 @click.option("--feature-head", type=click.Path(path_type=Path), default=None,
-              help="An EAGLE-3 head (train-head's output, or a published one) to add, with the features it reads (fp32 bundles for now).")
+              help="An EAGLE-3 head (train-head's output, or a published one) to add, with the features it reads (a bundle of any precision).")
 def export(model, exit_layer, num_draft_tokens, max_context, output, draft_source, lookup_ngram, calibrate, precision,
            draft_precision, verify_precision, method, int4_kernel, prompts_file, no_validate, backend, opset,
            feature_head):
@@ -442,7 +442,7 @@ def bench(bundle, prompts_file, quick, max_tokens, repeats, prompts_per_category
 @click.option("--manifests", type=click.Path(path_type=Path), default=None,
               help="Also write Kubernetes (Deployment, Service, autoscaler) and KServe manifests into this directory.")
 @click.option("--image", default="specdeploy-triton:24.10", show_default=True,
-              help="Container image for the manifests: Triton's plus specdeploy (see the README).")
+              help="Container image for the manifests: Triton's plus specdeploy (see docs/serving.md).")
 @click.option("--backend", type=BACKEND, default=DEFAULT_BACKEND, show_default=True,
               help="tensorrt: the bundle's TensorRT engines, instances on the GPU (build them on the device first).")
 def triton(bundle, output, name, instances, max_queue, threads, copy, site_packages, manifests, image, backend):

@@ -153,7 +153,7 @@ def _results(config: PeerConfig, rows: list[Row], categories: list[str]) -> dict
     return results
 
 
-UNSTEADY = 1.25  # repeats this far apart: the other 47 peer runs kept in docs/bench stayed within 1.22
+UNSTEADY = 1.25  # repeats this far apart: the 47 earlier peer runs kept in lab/runs stayed within 1.22
 
 
 def unsteady(results: dict) -> str | None:

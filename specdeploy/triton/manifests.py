@@ -1,8 +1,8 @@
 """Kubernetes and KServe manifests that run Triton's container over a `specdeploy triton` repository.
 
 Written beside the repository, never inside it (Triton loads every directory of a repository as a
-model). The image must hold specdeploy's runtime on the container's Python (see the README's
-Dockerfile lines); the repository, with its bundle copied in (`--copy`), is mounted at /models.
+model). The image must hold specdeploy's runtime on the container's Python (deploy/triton.Dockerfile, docs/serving.md);
+the repository, with its bundle copied in (`--copy`), is mounted at /models.
 """
 from __future__ import annotations
 
