@@ -9,7 +9,7 @@ from specdeploy import Engine, GenerationConfig, GenerationStats
 
 def main(bundle: str, prompt: str) -> None:
     config = GenerationConfig(max_new_tokens=96, temperature=0.0)
-    with Engine(bundle) as engine:  # ONNX Runtime on the CPU; Engine(bundle, provider="cuda") on a GPU
+    with Engine(bundle) as engine:  # ONNX Runtime on the CPU; a GPU needs a bundle made for it (docs/gpus.md)
         stats = GenerationStats()
         for piece in engine.stream([{"role": "user", "content": prompt}], config, stats=stats):
             print(piece.text, end="", flush=True)
