@@ -87,9 +87,15 @@ def test_the_readme_commands_export_the_example_at_its_own_int4_exact_and_smalle
     q = manifest.quality
     assert q["greedy_identical"] and q["top1_agreement"] >= 0.95 and q["perplexity"] < 1.1 * q["perplexity_fp32"]
     assert sum(manifest.extra["gguf_carried_weights"].values()) == 30 * 4 + 1   # q/k/v, o, gate/up, down; head
-    # the Q4_1 minima folded into every body matmul (integer zero points and block-sum rows), or,
-    # where this CPU's row check refuses that form, kept exact, saying so
-    if "folded_offsets" in manifest.extra:
+    # specdeploy's Q4_1MatMul reading the file's blocks (the default where the kernels build), or
+    # in MatMulNBits the Q4_1 minima folded into every body matmul (integer zero points and
+    # block-sum rows), or, where this CPU's row check refuses that form, kept exact, saying so
+    if manifest.operators:
+        from specdeploy import kernels
+
+        assert kernels.Q4_K in manifest.operators and "folded_offsets" not in manifest.extra
+        assert "from GGUF   121 weights carried losslessly" in describe(bundle)
+    elif "folded_offsets" in manifest.extra:
         assert sum(manifest.extra["folded_offsets"].values()) == 30 * 4
         assert ("from GGUF   121 weights carried from the source file's blocks (draft 32, head 1, verify 88): "
                 "values and scales losslessly, the float minima folded into 120 matmuls") in describe(bundle)

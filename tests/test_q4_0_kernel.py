@@ -403,18 +403,30 @@ def test_headers_are_taken_from_a_debian_package_checked_by_its_sha256(tmp_path,
         kernels.fetch_headers((tmp_path / "missing.deb").as_uri(), digest)
 
 
-def test_rounding_for_the_operator_keeps_gptqs_grid_and_gives_rtn_float16_scales():
-    """rtn / mse round on the symmetric grid with float16 scales, which the operator takes; GPTQ and
-    minmax keep their float offsets (and so MatMulNBits): quality before the kernel."""
+def test_rounding_for_the_operators_keeps_gptqs_grid_in_float16_and_gives_rtn_float16_scales():
+    """rtn / mse round on the symmetric grid with float16 scales (Q4_0MatMul's); GPTQ and minmax keep
+    their offset grid with float16 scales and minima (Q4_1MatMul's: quality before the kernel), the
+    values those blocks hold being what the operator computes with."""
+    from specdeploy.quantization import gptq
     from specdeploy.quantization.compute import ComputeForm, _blocks
 
-    w = np.random.default_rng(6).normal(size=(64, 16)).astype(np.float32)
+    rng = np.random.default_rng(6)
+    w = rng.normal(size=(64, 16)).astype(np.float32)
     form = ComputeForm(bits=4, block_size=32)
     for method in ("absmax", "mse"):
         assert q4_0.takes(_blocks(w, form, method, None, q4_0=True)[0])
         assert not q4_0.takes(_blocks(w, form, method, None, q4_0=False)[0])
+    x = rng.normal(size=(256, 64)).astype(np.float32)
+    with_gram = gptq.quantize(w, x.T @ x, 4, 32, "minmax", half=True)
+    rounded = _blocks(w, form, "minmax", None, q4_0=True)[0]
+    for blocks in (rounded, with_gram):
+        assert q4_1.takes(blocks) and blocks.offsets is not None
+        back = q4_1.unpack(*q4_1.pack(blocks))
+        np.testing.assert_array_equal(back.dequantize(), blocks.dequantize())
+    step = np.repeat(rounded.scales, 32, axis=1).T                                   # [K, N]
+    assert (np.abs(rounded.dequantize() - w) <= 0.51 * step).all()                    # float16 moved no weight far
     for method in ("gptq", "minmax"):
-        assert _blocks(w, form, method, None, q4_0=True)[0].offsets is not None
+        assert not q4_1.takes(_blocks(w, form, method, None, q4_0=False)[0])
 
 
 def test_tensorrt_forms_are_refused_with_the_operator():

@@ -7,6 +7,7 @@ from specdeploy.bundle import manifest as manifest_io
 from specdeploy.config import GenerationConfig
 from specdeploy.errors import ConfigError
 from specdeploy.quantization import nbits
+from specdeploy.quantization.compute import ComputeOptions
 from specdeploy.optimize.gqa_probe import kernel_row_independent
 from specdeploy.quantization.quantize import quantize
 from specdeploy.quantization.options import QuantizeOptions
@@ -15,14 +16,18 @@ from specdeploy.runtime.engine import Engine
 
 @pytest.fixture(scope="module", params=["int8", "int4", "int4-minmax", "int4-rtn", "fp8", "fp16", "mixed"])
 def quantized(request, tiny_bundle, tmp_path_factory):
+    """Bundles of each precision in MatMulNBits' forms (specdeploy's own kernels: test_q4_0_kernel.py)."""
+    from specdeploy.quantization.compute import ComputeOptions
+
     out = tmp_path_factory.mktemp("q") / request.param
-    lines = []
+    lines, nbits_kernel = [], ComputeOptions(int4_kernel="matmulnbits")
     if request.param == "mixed":
         quantize(tiny_bundle, out, QuantizeOptions("fp32", draft_precision="int8", verify_precision="fp32"), echo=lines.append)
     elif request.param.startswith("int4-"):
-        quantize(tiny_bundle, out, QuantizeOptions("int4", method=request.param.split("-")[1]), echo=lines.append)
+        quantize(tiny_bundle, out, QuantizeOptions("int4", method=request.param.split("-")[1], compute=nbits_kernel),
+                 echo=lines.append)
     else:
-        quantize(tiny_bundle, out, QuantizeOptions(request.param), echo=lines.append)
+        quantize(tiny_bundle, out, QuantizeOptions(request.param, compute=nbits_kernel), echo=lines.append)
     return request.param, out, lines
 
 
@@ -255,7 +260,9 @@ def test_int4_falls_back_to_the_smaller_block_where_the_larger_is_row_dependent(
     monkeypatch.setattr(row_check, "check_bundle", check)
     lines = []
     # rtn: no float offsets, so the block size is the only thing tried (offsets: the test below)
-    out = quantize(tiny_bundle, tmp_path / "int4", QuantizeOptions("int4", method="rtn", report=False), echo=lines.append)
+    out = quantize(tiny_bundle, tmp_path / "int4", QuantizeOptions("int4", method="rtn", report=False,
+                                                                   compute=ComputeOptions(int4_kernel="matmulnbits")),
+                   echo=lines.append)
     assert INT4_BLOCKS == (32, 16) and checked == [32, 16]
     assert any("blocks of 32 is not row-independent" in line for line in lines)
     m = manifest_io.read(out)
@@ -290,7 +297,9 @@ def test_offsets_stay_exact_where_no_folded_form_is_row_independent(tiny_bundle,
 
     monkeypatch.setattr(row_check, "check_bundle", check)
     lines = []
-    out = quantize(tiny_bundle, tmp_path / "minmax", QuantizeOptions("int4", method="minmax", report=False), echo=lines.append)
+    out = quantize(tiny_bundle, tmp_path / "minmax", QuantizeOptions("int4", method="minmax", report=False,
+                                                                     compute=ComputeOptions(int4_kernel="matmulnbits")),
+                   echo=lines.append)
     assert tried == [(32, True), (16, True), (32, False)]  # on AVX2 too: two_rows.py
     assert ("int4 in blocks of 16, offsets folded is not row-independent on this machine; trying int4 in "
             "blocks of 32, exact offsets") in lines

@@ -93,7 +93,8 @@ def test_an_int4_bundle_in_blocks_of_32_passes_the_row_check_and_decodes_exactly
     too. Either way every graph passes the row check and greedy speculative output is plain's."""
     lines = []
     out = quantize(tiny_bundle, tmp_path / "int4", QuantizeOptions(
-        "int4", method="rtn", report=False, compute=ComputeOptions(two_rows=asked)), echo=lines.append)
+        "int4", method="rtn", report=False, compute=ComputeOptions(two_rows=asked, int4_kernel="matmulnbits")),
+        echo=lines.append)
     m = manifest_io.read(out)
     assert m.extra["int4_block_size"] == 32 and m.row_check["passed"]
     padded = m.extra.get("two_row_matmuls", {})
@@ -113,7 +114,7 @@ def test_never_padding_falls_back_to_blocks_of_16_where_the_kernel_needs_it(tiny
     if two_rows.kernel_rows(4, 32) != 2:
         pytest.skip("this CPU's one-row int4 kernel in blocks of 32 is the multi-row one's")
     out = quantize(tiny_bundle, tmp_path / "int4", QuantizeOptions(
-        "int4", method="rtn", report=False, compute=ComputeOptions(two_rows=False)), echo=lambda line: None)
+        "int4", method="rtn", report=False, compute=ComputeOptions(two_rows=False, int4_kernel="matmulnbits")), echo=lambda line: None)
     m = manifest_io.read(out)
     assert m.extra["int4_block_size"] == 16 and "two_row_matmuls" not in m.extra
 
@@ -121,7 +122,7 @@ def test_never_padding_falls_back_to_blocks_of_16_where_the_kernel_needs_it(tiny
 def test_the_tensorrt_form_of_a_padded_bundle_takes_its_own_rows(tiny_bundle, tmp_path):
     """TensorRT's kernels are not ONNX Runtime's: its form of a padded graph (folded offsets too) has
     no Pad, no MatMulNBits, and reads each matmul's own input."""
-    compute = ComputeOptions(two_rows=True, fused_attention=False)
+    compute = ComputeOptions(two_rows=True, fused_attention=False, int4_kernel="matmulnbits")
     out = quantize(tiny_bundle, tmp_path / "int4", QuantizeOptions("int4", method="minmax", report=False,
                                                                    tensorrt=True, compute=compute),
                    echo=lambda line: None)

@@ -144,7 +144,7 @@ def _results(config: PeerConfig, rows: list[Row], categories: list[str]) -> dict
         table.append(entry)
     results = {"reference": reference.name, "categories": categories, "max_new_tokens": config.max_new_tokens,
                "repeats": config.repeats, "machine": machine_info(), "rows": table}
-    if Path(config.model).suffix == ".gguf":
+    if Path(config.model).suffix == ".gguf" and Path(config.model).is_file():
         from . import roofline
 
         weights, bandwidth = roofline.gguf_weight_bytes(config.model), roofline.read_bandwidth()

@@ -187,10 +187,10 @@ def quantize_graph(src: Path, dst: Path, precision: str, method: str = "rtn", in
 def _blocks(w, form: ComputeForm, method: str, index, gram=lambda: None, q4_0: bool = False):
     """(blocks, carried): the source file's own blocks where they map exactly, else quantized
     (by GPTQ over the input's Gram matrix `gram()` where the method asks for it: asked for only
-    here, so a graph whose weights all carry never runs the calibration text). `q4_0`: int4 may go
-    to Q4_0MatMul, so the symmetric methods (rtn, mse) round with float16 scales (q4_0.half_scales);
-    GPTQ and minmax keep their grid with float offsets, which stays MatMulNBits (quality first:
-    GPTQ on the symmetric grid lost most of what it gains)."""
+    here, so a graph whose weights all carry never runs the calibration text). `q4_0`: int4 goes to
+    specdeploy's operators, so the symmetric methods (rtn, mse) round with float16 scales
+    (q4_0.half_scales, Q4_0MatMul's) and GPTQ and minmax keep their grid with float16 scales and
+    minima (Q4_1MatMul's; on the symmetric grid GPTQ lost most of what it gains)."""
     from . import gptq, nbits
     from .q4_0 import half_scales
 
@@ -200,11 +200,12 @@ def _blocks(w, form: ComputeForm, method: str, index, gram=lambda: None, q4_0: b
     if method == "gptq":  # 4 bits on minmax's grid, where GPTQ gains both measures; 8 on rtn's
         gram = gram()
         grid = "minmax" if form.bits == 4 and not w.shape[0] % nbits.OFFSET_BLOCK else "absmax"
-        return (gptq.quantize(w, gram, form.bits, form.block_size, grid) if gram is not None
-                else nbits.quantize(w, form.bits, form.block_size, grid)), False
+        half = q4_0 and grid == "minmax"
+        return (gptq.quantize(w, gram, form.bits, form.block_size, grid, half) if gram is not None
+                else nbits.quantize(w, form.bits, form.block_size, grid, half)), False
     if method == "minmax" and w.shape[0] % nbits.OFFSET_BLOCK:
         method = "absmax"  # offsets come per 32 of K
-    blocks = nbits.quantize(w, form.bits, form.block_size, method)
+    blocks = nbits.quantize(w, form.bits, form.block_size, method, q4_0 and method == "minmax")
     return (half_scales(blocks) if q4_0 and form.bits == 4 and blocks.offsets is None else blocks), False
 
 

@@ -154,9 +154,11 @@ def _lower_inverse(lower):
     return inverse
 
 
-def quantize(w: np.ndarray, gram: np.ndarray | Hessian, bits: int, block: int, grid: str = "absmax") -> nbits.Blocks:
+def quantize(w: np.ndarray, gram: np.ndarray | Hessian, bits: int, block: int, grid: str = "absmax",
+             half: bool = False) -> nbits.Blocks:
     """Blocks of W [K, N] (x @ W) by GPTQ over H = `gram` [K, K] on round-to-nearest's grid: its
-    block scales (and, for "minmax", its float offset per 32 of K), set from W before the walk.
+    block scales (and, for "minmax", its float offset per 32 of K), set from W before the walk
+    (`half`: minmax's in float16, Q4_1's form, for specdeploy's Q4_1MatMul).
 
     Rows are rounded busiest channel first (largest H diagonal: the outlier channels, whose errors
     cost most, go while every other row can still absorb them); a block's rows are then no longer
@@ -168,11 +170,12 @@ def quantize(w: np.ndarray, gram: np.ndarray | Hessian, bits: int, block: int, g
         raise ValueError(f"K={k} is not a multiple of the block size {block}")
     order, u = (gram if isinstance(gram, Hessian) else Hessian(gram)).factor      # [K], [K, K]
     width = max(1, COLUMNS // k)
-    return nbits.Blocks.joined([_walk(np.asarray(w[:, c:c + width], np.float32), u, order, bits, block, grid)
+    return nbits.Blocks.joined([_walk(np.asarray(w[:, c:c + width], np.float32), u, order, bits, block, grid, half)
                                 for c in range(0, n, width)])
 
 
-def _walk(w: np.ndarray, u: np.ndarray, order: np.ndarray, bits: int, block: int, grid: str) -> nbits.Blocks:
+def _walk(w: np.ndarray, u: np.ndarray, order: np.ndarray, bits: int, block: int, grid: str,
+          half: bool = False) -> nbits.Blocks:
     """`quantize` for the columns W [K, n] (float32), over H's factor `u` in walk `order`.
 
     A row's error reaches the rows after it in three steps: the rest of its STRIDE rows at once (an
@@ -183,7 +186,7 @@ def _walk(w: np.ndarray, u: np.ndarray, order: np.ndarray, bits: int, block: int
     import torch
 
     k, n = w.shape
-    base = nbits.quantize(w, bits, block, grid)                                    # q [n, K/block, block]
+    base = nbits.quantize(w, bits, block, grid, half)                              # q [n, K/block, block]
     scales = torch.from_numpy(np.ascontiguousarray(base.scales.T[order // block], np.float32))   # [K, n]
     offsets = (torch.zeros_like(scales) if base.offsets is None else
                torch.from_numpy(np.ascontiguousarray(base.offsets.T[order // nbits.OFFSET_BLOCK], np.float32)))
@@ -206,7 +209,7 @@ def _walk(w: np.ndarray, u: np.ndarray, order: np.ndarray, bits: int, block: int
     restored = np.empty((k, n), np.int8)
     restored[order] = q.numpy()
     return nbits.Blocks(np.ascontiguousarray(restored.T).reshape(n, k // block, block), base.scales, bits,
-                        base.offsets)
+                        base.offsets, base.super_scales)
 
 
 def output_error(w: np.ndarray, dequantized: np.ndarray, gram: np.ndarray) -> float:

@@ -83,16 +83,17 @@ def _blocks_of(w: np.ndarray, block: int) -> np.ndarray:
 COLUMNS = 4096  # output columns rounded at a time: a 150k-token LM head's temporaries stay ~100 MB
 
 
-def quantize(w: np.ndarray, bits: int, block: int, method: str = "mse") -> Blocks:
+def quantize(w: np.ndarray, bits: int, block: int, method: str = "mse", half: bool = False) -> Blocks:
     """Block quantization of W [K, N]; "mse" picks each block's scale from a few shrunken ranges by
     squared error (clipping the largest value can cut the error of all the others), "absmax" maps
-    each block's largest magnitude onto the grid (both symmetric), "minmax" is quantize_minmax.
-    Columns are independent, so a wide W is rounded COLUMNS at a time."""
+    each block's largest magnitude onto the grid (both symmetric), "minmax" is quantize_minmax
+    (`half`: its scales and minima float16, as Q4_1 stores them). Columns are independent, so a wide
+    W is rounded COLUMNS at a time."""
     if w.shape[1] > COLUMNS:
-        return Blocks.joined([quantize(w[:, i : i + COLUMNS], bits, block, method)
+        return Blocks.joined([quantize(w[:, i : i + COLUMNS], bits, block, method, half)
                               for i in range(0, w.shape[1], COLUMNS)])
     if method == "minmax":
-        return quantize_minmax(w, bits, block)
+        return quantize_minmax(w, bits, block, half)
     x = _blocks_of(np.asarray(w, np.float32), block)                 # [N, nb, block]
     top = 2 ** (bits - 1)
     # 4 bits: the largest magnitude goes to -8 whatever its sign (a negative scale where it is
@@ -119,22 +120,29 @@ def quantize(w: np.ndarray, bits: int, block: int, method: str = "mse") -> Block
     return Blocks(q, best_s[..., 0].astype(np.float32), bits)
 
 
-def quantize_minmax(w: np.ndarray, bits: int, block: int) -> Blocks:
+def quantize_minmax(w: np.ndarray, bits: int, block: int, half: bool = False) -> Blocks:
     """Asymmetric block quantization of W [K, N], GGUF Q4_1's form: each 32 of K spans its
     [min, max] in 2^bits - 1 steps, its minimum kept as a float offset (offset_nodes), the steps
     split into blocks of `block` (16 or 32) sharing the scale. Every level of the grid is used
-    where a symmetric grid wastes part of it on a skewed block."""
+    where a symmetric grid wastes part of it on a skewed block. `half`: scale and minimum float16
+    (each moves by 2^-11 of itself, far inside a step), the blocks then Q4_1's own
+    (`super_scales`), which specdeploy's Q4_1MatMul reads."""
     if OFFSET_BLOCK % block:
         raise ValueError(f"minmax blocks are {OFFSET_BLOCK} wide; {block} does not divide them")
     x = _blocks_of(np.asarray(w, np.float32), OFFSET_BLOCK)           # [N, nb, 32]
     top, levels = 2 ** (bits - 1), 2 ** bits - 1
     low, high = x.min(axis=-1), x.max(axis=-1)                        # [N, nb]
     scale = np.where(high > low, (high - low) / np.float32(levels), np.float32(1.0)).astype(np.float32)
+    if half:
+        scale = np.maximum(scale.astype(np.float16), np.float16(2 ** -24)).astype(np.float32)
+        low = low.astype(np.float16).astype(np.float32)
     q = np.clip(np.rint((x - low[..., None]) / scale[..., None]), 0, levels) - top
     n, nb, _ = x.shape
     split = OFFSET_BLOCK // block
+    own = SuperScales("Q4_1", scale.astype(np.float16), dmin=low.astype(np.float16)) \
+        if half and bits == 4 and split == 1 else None
     return Blocks(q.astype(np.int8).reshape(n, nb * split, block), np.repeat(scale, split, axis=1), bits,
-                  (low + np.float32(top) * scale).astype(np.float32))
+                  (low + np.float32(top) * scale).astype(np.float32), own)
 
 
 def pack(blocks: Blocks) -> tuple[np.ndarray, np.ndarray]:

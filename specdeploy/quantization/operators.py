@@ -12,15 +12,16 @@ from ..kernels import DOMAIN, Q4_0, Q4_K, Q6_K
 def decided(compute, tensorrt: bool, echo):
     """`compute` (ComputeOptions) with int4_kernel "auto" decided: specdeploy's operators where
     their library is built or can be built here, else ONNX Runtime's MatMulNBits (said in one line);
-    MatMulNBits for a TensorRT bundle, which cannot build ours."""
+    MatMulNBits for a TensorRT bundle, which cannot build ours, and for blocks of 16 asked for."""
     import dataclasses
 
     from .. import kernels
 
     if compute.int4_kernel != "auto":
         return compute
-    why = "TensorRT cannot build specdeploy's" if tensorrt else kernels.unavailable()
-    if why and not tensorrt:
+    quiet = tensorrt or compute.int4_block not in (None, 32)
+    why = "asked for MatMulNBits' form" if quiet else kernels.unavailable()
+    if why and not quiet:
         echo(f"int4 kernel: ONNX Runtime's MatMulNBits, since specdeploy's cannot be built here ({why}); "
              f"`specdeploy build-kernels` builds them")
     return dataclasses.replace(compute, int4_kernel="matmulnbits" if why else "specdeploy")
