@@ -5,7 +5,7 @@ import pytest
 
 from specdeploy.bundle import manifest as manifest_io
 from specdeploy.config import GenerationConfig
-from specdeploy.errors import ConfigError
+from specdeploy.errors import ConfigError, RowDependenceError
 from specdeploy.quantization import nbits
 from specdeploy.quantization.compute import ComputeOptions
 from specdeploy.optimize.gqa_probe import kernel_row_independent
@@ -17,7 +17,6 @@ from specdeploy.runtime.engine import Engine
 @pytest.fixture(scope="module", params=["int8", "int4", "int4-minmax", "int4-rtn", "fp8", "fp16", "mixed"])
 def quantized(request, tiny_bundle, tmp_path_factory):
     """Bundles of each precision in MatMulNBits' forms (specdeploy's own kernels: test_q4_0_kernel.py)."""
-    from specdeploy.quantization.compute import ComputeOptions
 
     out = tmp_path_factory.mktemp("q") / request.param
     lines, nbits_kernel = [], ComputeOptions(int4_kernel="matmulnbits")
@@ -67,9 +66,9 @@ def test_an_int4_bundle_re_quantizes_its_lm_head_at_8_bits(quantized):
 
 
 def test_an_int4_lm_head_is_4_bits_when_asked_or_with_onnx_runtimes_quantizer(tiny_bundle, tmp_path):
-    from specdeploy.quantization.compute import ComputeOptions
 
-    quantize(tiny_bundle, tmp_path / "head4", QuantizeOptions("int4", compute=ComputeOptions(head_bits=4), report=False))
+    quantize(tiny_bundle, tmp_path / "head4", QuantizeOptions(
+        "int4", compute=ComputeOptions(head_bits=4, int4_kernel="matmulnbits"), report=False))
     quantize(tiny_bundle, tmp_path / "ort", QuantizeOptions("int4", method="ort", report=False))
     assert _head_bits(tmp_path / "head4") == {4} and _head_bits(tmp_path / "ort") == {4}
     with pytest.raises(ConfigError, match="4 or 8 bits, not 6"):
@@ -271,9 +270,6 @@ def test_int4_falls_back_to_the_smaller_block_where_the_larger_is_row_dependent(
     assert {onnx.helper.get_attribute_value(a) for n in draft.graph.node if n.op_type == "MatMulNBits"
             for a in n.attribute if a.name == "block_size"} == {16}
     # asked for blocks of 32 outright: refused, saying which block to ask for instead
-    from specdeploy.errors import RowDependenceError
-    from specdeploy.quantization.compute import ComputeOptions
-
     with pytest.raises(RowDependenceError, match="--int4-block 16"):
         quantize(tiny_bundle, tmp_path / "int4-32", QuantizeOptions("int4", method="rtn", report=False,
                                                                     compute=ComputeOptions(int4_block=32)),
@@ -343,7 +339,7 @@ def test_exact_offsets_are_chosen_from_the_command_line(tiny_bundle, tmp_path):
     for flags, exact in (([], False), (["--exact-offsets"], True)):
         out = tmp_path / f"minmax-{exact}"
         result = CliRunner().invoke(main, ["quantize", str(tiny_bundle), "--precision", "int4", "--method", "minmax",
-                                           *flags, "-o", str(out)])
+                                           "--int4-kernel", "matmulnbits", *flags, "-o", str(out)])
         assert result.exit_code == 0, result.output
         assert ("float offsets folded into their matmuls" in result.output) is not exact
         m = manifest_io.read(out)
