@@ -30,6 +30,7 @@
 #endif
 #define COLUMNS 16         /* output columns a group: one int32 lane each */
 #define GROUP_BYTES 256    /* a group's block: 16 columns x 16 bytes */
+#define PREFETCH 16        /* blocks ahead */
 
 typedef struct {
     int64_t m, k, n;
@@ -130,6 +131,9 @@ static inline __attribute__((always_inline)) void tile_rows(const Work *w, int64
         __m512i dot[TILE][2];
         for (int t = 0; t < count; t++)
             for (int j = 0; j < groups; j++) dot[t][j] = _mm512_set1_epi32(-w->xs[(r0 + t) * nb + b]);
+        for (int j = 0; j < groups; j++)  /* as Q4_KMatMul: the block PREFETCH ahead, for a core's bandwidth */
+            for (int line = 0; line < GROUP_BYTES; line += 64)
+                _mm_prefetch((const char *)w->qs + ((size_t)(g + j) * nb + b + PREFETCH) * GROUP_BYTES + line, _MM_HINT_T0);
         for (int i = 0; i < 4; i++) {  /* bytes 4i .. 4i+3 of every column: weights 4i.. and 16+4i.. */
             __m512i lo[2], hi[2];
             for (int j = 0; j < groups; j++) {

@@ -18,6 +18,7 @@
 #endif
 
 #define COLUMNS_PER_TASK 64
+#define PREFETCH 1024  /* bytes ahead */
 
 
 typedef struct {
@@ -41,6 +42,7 @@ static inline __attribute__((always_inline)) void tile(const Work *w, int64_t co
     for (int64_t b = 0; b < nb; b += 2) {
         const int two = b + 1 < nb;
         const __mmask64 bytes = two ? ~(__mmask64)0 : 0xFFFFFFFFull;
+        _mm_prefetch((const char *)(wb + b * QK) + PREFETCH, _MM_HINT_T0);  /* as Q4_KMatMul: reads in flight */
         __m512i q = _mm512_maskz_loadu_epi8(bytes, wb + b * QK);
         __m128 sw = two ? _mm_castpd_ps(_mm_load_sd((const double *)(ws + b))) : _mm_load_ss(ws + b);
         for (int t = 0; t < count; t++) {
