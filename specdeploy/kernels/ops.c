@@ -277,3 +277,16 @@ const char *q4_0_form(void) {
     return "c";
 #endif
 }
+
+/* The bench's read-bandwidth probe (bench/roofline.py): the OR of [p, p + n) 64 bits at a time,
+ * four independent chains so the loads, not the ORs, set the pace. n a multiple of 32. */
+uint64_t read_bytes(const uint64_t *p, size_t n) {
+    uint64_t a = 0, b = 0, c = 0, d = 0;
+    for (size_t i = 0; i < n / 8; i += 4) {
+        a |= p[i];
+        b |= p[i + 1];
+        c |= p[i + 2];
+        d |= p[i + 3];
+    }
+    return a | b | c | d;
+}

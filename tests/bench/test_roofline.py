@@ -62,3 +62,21 @@ def test_pass_costs_and_the_roofline_fraction():
 def test_the_read_bandwidth_probe_reads_something_plausible():
     bandwidth = roofline.read_bandwidth(threads=1, size=1 << 24, repeats=2)
     assert 1e8 < bandwidth < 1e13
+
+
+def test_the_probe_reads_every_word_with_the_operator_library_or_numpy(monkeypatch):
+    """The library's reduction ORs every word it is given (a bit set anywhere shows); without the
+    library the probe still measures, by NumPy's reduction."""
+    pytest.importorskip("onnxruntime")
+    from specdeploy import kernels
+
+    if kernels.unavailable():
+        pytest.skip(kernels.unavailable())
+    kernels.ensure()
+    reduce = roofline._library_read()
+    for where in (0, 1, 2, 3, 1001, 1023):
+        data = np.zeros(1024, np.uint64)
+        data[where] = 1 << (where % 64)
+        assert reduce(data) == 1 << (where % 64)
+    monkeypatch.setattr(roofline, "_library_read", lambda: None)
+    assert 1e8 < roofline.read_bandwidth(threads=1, size=1 << 24, repeats=2) < 1e13
