@@ -41,7 +41,7 @@ def main() -> None:
         vocab = engine.manifest.model.vocab_size
         print(f"after load: {resident_kb(name):,} KB of {name} resident")
         for i in range(args.tokens):
-            model.draft_pass([500], i)
+            model.draft_pass([500 % vocab], i)
         print(f"{args.tokens} draft passes of one token: {resident_kb(name):,} KB")
         before = resident_kb(name)
         for i in range(args.tokens):
@@ -49,7 +49,7 @@ def main() -> None:
         grown = resident_kb(name) - before
         print(f"{args.tokens} draft passes of distinct tokens: {resident_kb(name):,} KB "
               f"({grown / args.tokens:,.0f} KB a distinct token)")
-        hidden = model.draft_pass([500], 2 * args.tokens)
+        hidden = model.draft_pass([500 % vocab], 2 * args.tokens)
         for _ in range(args.tokens):
             model.verify_pass(hidden, 2 * args.tokens)
         print(f"{args.tokens} verify passes: {resident_kb(name):,} KB")

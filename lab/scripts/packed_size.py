@@ -51,14 +51,16 @@ def main() -> None:
         sizes = initializer_mb(path)
         trim_heap()
         before = anon_mb()
-        session = ort.InferenceSession(str(path), session_options(), providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(str(path), session_options(operators=tuple(manifest.operators)),
+                                       providers=["CPUExecutionProvider"])
         trim_heap()
         page_out(args.bundle)
         grown = anon_mb() - before
         packed = sizes.get("MatMulNBits", 0.0)
         print(f"{name:8s} MatMulNBits initializers {packed:8.1f} MB, others "
               f"{ {k: round(v, 1) for k, v in sizes.items() if k != 'MatMulNBits'} }; "
-              f"session anonymous +{grown:8.1f} MB = {grown / max(packed, 1e-9):.2f}x MatMulNBits'")
+              f"session anonymous +{grown:8.1f} MB"
+              + (f" = {grown / packed:.2f}x MatMulNBits'" if packed else ""))
         del session
 
 

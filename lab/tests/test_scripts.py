@@ -2,6 +2,7 @@
 import ast
 import importlib
 import importlib.util
+import re
 from pathlib import Path
 
 import numpy as np
@@ -232,9 +233,25 @@ def test_step_profile_counts_each_op_types_kernels_a_step(tiny_bundle):
     assert "MatMul" in shares and abs(sum(shares.values()) - 100) < 1
 
 
+def test_pass_profile_sets_each_op_types_time_over_many_rows_against_one(tiny_bundle):
+    """On the tiny fp32 bundle: the two passes' totals, then a line per op type whose columns add
+    up to them (a pass over 4 rows costs at least the one-row pass's kernels)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "pass_profile.py"), str(tiny_bundle),
+                          "--rows", "4", "--repeats", "3", "--top", "100"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    total, _, *rows = out.stdout.splitlines()
+    one, many = (float(x) for x in re.findall(r"one row (\d+), 4 rows (\d+)", total)[0])
+    cells = [row.split() for row in rows]
+    assert "MatMul" in {c[0] for c in cells} and many >= one > 0
+    assert abs(sum(float(c[1]) for c in cells) - one) <= len(cells) and abs(sum(float(c[2]) for c in cells) - many) <= len(cells)
+
+
 @pytest.mark.parametrize("script, bundles", [("arena_ab", 1), ("huge_pages_ab", 1), ("prefill_ab", 1), ("copy_length_ab", 1), ("outlier_channels", 1),
                                              ("quality_compare", 2), ("round_overhead", 1),
-                                             ("offset_cost", 1), ("step_profile", 1), ("pass_costs", 1),
+                                             ("offset_cost", 1), ("step_profile", 1), ("pass_profile", 1), ("pass_costs", 1),
                                              ("requant_error", 1), ("static_ngram_bound", 1)])
 def test_a_script_given_no_bundle_says_so_in_one_line(script, bundles, tmp_path):
     import subprocess
@@ -454,3 +471,300 @@ def test_q4_0_kernel_checks_its_rows_and_times_both_sides():
     assert len(errors) in (2, 3) and max(errors) < 0.05  # each near the float product of the same weights
     ratios = [line for line in lines if line.endswith("x") and " / MatMulNBits speed: " in line]
     assert [line.split()[0] for line in ratios] == ["ours", "interleaved"][: len(errors) - 1]
+
+
+def _run(script: str, *args, python: str | None = None, env: dict | None = None, timeout: int = 120):
+    """lab/scripts/SCRIPT.py run with `args` in a process of its own (the interpreter: this one by default)."""
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([python or sys.executable, str(ROOT / "scripts" / f"{script}.py"), *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def tiny_head(tmp_path_factory) -> Path:
+    """A random EAGLE-3 head for the tiny Llama (features from layers 1, 2, 3), as tests/conftest.py makes one."""
+    from specdeploy.feature_head import eagle3
+    from specdeploy.feature_head.config import HeadConfig
+
+    config = HeadConfig(hidden_size=64, target_hidden_size=64, intermediate_size=48, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=16, vocab_size=96, draft_vocab_size=40,
+                        feature_layers=(1, 2, 3), target_num_layers=4, rms_norm_eps=1e-6)
+    rng = np.random.default_rng(3)
+    tensors = {k: (0.2 * rng.standard_normal(s)).astype(np.float32) for k, s in eagle3.shapes(config).items()
+               if k not in ("d2t", "t2d")}
+    tensors["d2t"], tensors["t2d"] = eagle3.vocab_maps(np.sort(rng.choice(96, 40, replace=False)), 96)
+    head = tmp_path_factory.mktemp("head") / "head"
+    eagle3.write(head, config, tensors)
+    return head
+
+
+def _conversations(path: Path, count: int, seed: int, user: int = 12, reply: int = 30) -> list[str]:
+    """`count` conversations of random vocabulary words (the tiny tokenizer's 'w6' .. 'w95') as JSONL;
+    their user turns."""
+    import json
+
+    rng = np.random.default_rng(seed)
+    words = lambda n: " ".join(f"w{i}" for i in rng.integers(6, 96, n))  # noqa: E731
+    users = [words(user) for _ in range(count)]
+    path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": u},
+                                                     {"role": "assistant", "content": words(reply)}]}) + "\n"
+                            for u in users))
+    return users
+
+
+def _acceptance(line: str) -> tuple[list[float], float, int]:
+    """(acceptance per draft position, tau, rounds) of an `Acceptance.line()`; tau must be what the
+    rates make of it (1 + the chance each draft prefix is accepted)."""
+    rates, tau, rounds = re.search(r"draft position ([\d. ]+); tau ([\d.]+) at gamma 4 over (\d+) rounds", line).groups()
+    rates = [float(r) for r in rates.split()]
+    assert len(rates) == 4 and all(0 <= r <= 1 for r in rates)
+    assert abs(float(tau) - 1 - np.cumprod(rates).sum()) <= 0.03, line  # each printed to 2 decimals
+    return rates, float(tau), int(rounds)
+
+
+def test_embedding_pages_reads_the_weights_files_residency_after_each_kind_of_pass(tiny_bundle):
+    """Each reading is of the bundle's weights file (never more KB than it has), and the growth a
+    distinct token is what the two draft readings differ by."""
+    out = _run("embedding_pages", tiny_bundle, "--tokens", "3")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["after load", "3 draft passes of one token",
+                                                      "3 draft passes of distinct tokens", "3 verify passes",
+                                                      "3 LM-head passes"]
+    assert lines[0].endswith("KB of weights.bin resident")
+    kb = [int(line.split(": ")[1].split()[0].replace(",", "")) for line in lines]
+    assert 0 <= min(kb) and max(kb) <= (tiny_bundle / "weights.bin").stat().st_size / 1024
+    per_token = int(lines[2].split("(")[1].split()[0].replace(",", ""))
+    assert abs(per_token - (kb[2] - kb[1]) / 3) <= 1
+
+
+def test_feature_head_curve_trains_a_head_per_budget_and_replays_the_same_replies(tiny_bundle, tmp_path):
+    _conversations(tmp_path / "train.jsonl", 30, seed=1, user=20, reply=50)  # > 2,000 positions: both budgets filled
+    _conversations(tmp_path / "held.jsonl", 4, seed=2)
+    out = _run("feature_head_curve", tiny_bundle.parent / "llama-model", "--data", tmp_path / "train.jsonl",
+               "--held", tmp_path / "held.jsonl", "--budgets", "1000,2000", "--epochs", "1", "--draft-vocab", "40",
+               "--intermediate-size", "32", "--held-prompts", "2", "--ttt-steps", "1",
+               env={"SPECDEPLOY_CACHE": str(tmp_path / "cache")}, timeout=300)  # its features cached here, not in ~
+    assert out.returncode == 0, out.stderr
+    assert int(re.search(r"features: ([\d,]+) positions", out.stdout)[1].replace(",", "")) >= 2000
+    budgets = [line for line in out.stdout.splitlines() if " tokens, " in line]
+    assert [line.split()[0] for line in budgets] == ["1,000", "2,000"] and all("50 steps" in b for b in budgets)
+    rounds = {_acceptance(line)[2] for line in budgets}
+    assert len(rounds) == 1 and rounds.pop() > 0  # every head is replayed over the same replies
+
+
+def test_feature_head_gap_replays_one_head_over_three_kinds_of_text(tiny_bundle, tiny_head, tmp_path):
+    _conversations(tmp_path / "train.jsonl", 4, seed=1)
+    _conversations(tmp_path / "held.jsonl", 4, seed=2)
+    out = _run("feature_head_gap", tiny_bundle.parent / "llama-model", tiny_head, "--train", tmp_path / "train.jsonl",
+               "--held", tmp_path / "held.jsonl", "--conversations", "4", timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stdout.splitlines() if "acceptance per draft position" in line]
+    assert [line.split(" (")[0].split(":")[0] for line in lines] == \
+        ["training text", "held-out text", "the model's greedy replies to held-out prompts"]
+    positions = [int(re.search(r"\(([\d,]+) positions\)", line)[1].replace(",", "")) for line in lines[:2]]
+    assert all(p >= 4 * (12 + 30 + 4) for p in positions)  # all 4 read: a token at least a word, template's too
+    assert _acceptance(lines[2])[2] > 0 and all(_acceptance(line) for line in lines)
+
+
+@pytest.fixture(scope="module")
+def head_bundle(tiny_bundle, tiny_head, tmp_path_factory) -> Path:
+    """The tiny bundle's model exported again (as the fixture exports it) with the random feature head."""
+    from specdeploy.export import ExportConfig, export
+
+    return export(ExportConfig(source=tiny_bundle.parent / "llama-model", exit_layer=2, max_context=128,
+                               feature_head=tiny_head, output=tmp_path_factory.mktemp("head") / "bundle"))
+
+
+def test_head_share_counts_only_the_bytes_the_head_alone_reads(tiny_bundle, head_bundle):
+    """No head, nothing of its own; with one, some of the file but not all of it (the embedding it
+    shares with the draft graph is not its own)."""
+    assert _run("head_share", tiny_bundle).stdout.startswith("feature head's own weights: 0.0 MB of ")
+    out = _run("head_share", head_bundle)
+    assert out.returncode == 0, out.stderr
+    own, total, share = re.fullmatch(r"feature head's own weights: ([\d.]+) MB of ([\d.]+) MB \(([\d.]+)%\)\n",
+                                     out.stdout).groups()
+    assert 0 < float(own) < float(total) == round((head_bundle / "weights.bin").stat().st_size / 1e6, 1)
+    assert abs(float(share) - 100 * float(own) / float(total)) <= 100 * 0.05 / float(total) + 0.05
+
+
+def test_lookup_ngram_ab_prints_both_ranges_for_every_category(tiny_bundle):
+    """Exit 0 is the greedy identity check passing; then a line per bench category, α a share and τ at
+    least the verified token."""
+    from specdeploy.prompts import bench_prompts
+
+    out = _run("lookup_ngram_ab", tiny_bundle, "--a", "2", "3", "--prompts-per-category", "1", "--max-tokens", "8",
+               "--repeats", "1")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == list(bench_prompts())
+    for line in lines:
+        cells = re.findall(r"lookup (\d\.\.\d): α ([\d.]+) τ ([\d.]+) ([\d.]+)×", line)
+        assert [c[0] for c in cells] == ["2..3", "1..4"], line
+        assert all(0 <= float(a) <= 1 and float(t) >= 1 and float(x) > 0 for _, a, t, x in cells)
+
+
+def test_packed_size_prices_each_graphs_session_against_its_matmulnbits_bytes(tiny_bundle, tmp_path):
+    """On an int4 bundle of MatMulNBits (what the script measures): a line per graph of the manifest,
+    the decoder graphs' MatMulNBits bytes among the weights file's; the fp32 bundle has none."""
+    from specdeploy.bundle import manifest as manifest_io
+    from specdeploy.quantization.compute import ComputeOptions
+    from specdeploy.quantization.quantize import QuantizeOptions, quantize
+
+    bundle = quantize(tiny_bundle, tmp_path / "int4", QuantizeOptions(
+        "int4", method="minmax", report=False, compute=ComputeOptions(int4_kernel="matmulnbits")), echo=lambda line: None)
+    out = _run("packed_size", bundle)
+    assert out.returncode == 0, out.stderr
+    graphs = manifest_io.read(bundle).graphs
+    assert [line.split()[0] for line in out.stdout.splitlines()] == list(graphs)
+    assert all(re.search(r"session anonymous \+ *-?[\d.]+ MB = -?[\d.]+x MatMulNBits'$", line)
+               for line in out.stdout.splitlines())
+    sizes = {name: _script("packed_size").initializer_mb(bundle / graph.file) for name, graph in graphs.items()}
+    assert sizes["draft"]["MatMulNBits"] > 0 and sizes["verify"]["MatMulNBits"] > 0
+    assert all(sum(mb.values()) <= (bundle / "weights.bin").stat().st_size / 2**20 for mb in sizes.values())
+    fp32 = manifest_io.read(tiny_bundle).graph("draft").file
+    assert "MatMulNBits" not in _script("packed_size").initializer_mb(tiny_bundle / fp32)
+
+
+PEERS = ROOT.parent / ".venv-peers" / "bin" / "python"  # the interpreter with llama-cpp-python (scripts/setup_peers.sh)
+_GGUF_LAYER = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+               "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
+               "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tiny_bundle, tmp_path_factory) -> Path:
+    """The tiny bundle's model as a GGUF llama.cpp loads, for the scripts run against it. Its vocabulary
+    is the words alone (the scripts hand llama.cpp token ids) and q / k keep Hugging Face's rotary
+    layout: llama.cpp's outputs differ from ours, which timing does not mind."""
+    import json
+    import subprocess
+
+    if not PEERS.is_file() or subprocess.run([str(PEERS), "-c", "import llama_cpp"], capture_output=True).returncode:
+        pytest.skip(f"needs llama-cpp-python in {PEERS} (scripts/setup_peers.sh)")
+    import gguf
+    from safetensors.numpy import load_file
+
+    model = tiny_bundle.parent / "llama-model"
+    config = json.loads((model / "config.json").read_text())
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_rope_dimension_count(config["hidden_size"] // config["num_attention_heads"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list([f"w{i}" for i in range(config["vocab_size"])])
+    writer.add_token_scores([0.0] * config["vocab_size"])
+    writer.add_token_types([1] * config["vocab_size"])  # normal tokens
+    writer.add_bos_token_id(config["bos_token_id"])
+    writer.add_eos_token_id(config["eos_token_id"])
+    for name, tensor in load_file(model / "model.safetensors").items():
+        layer = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.weight", name)
+        named = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
+        gguf_name = f"blk.{layer[1]}.{_GGUF_LAYER[layer[2]]}.weight" if layer else named.get(name)
+        if gguf_name:  # the tied LM head, where saved, is the embedding llama.cpp reuses
+            writer.add_tensor(gguf_name, tensor.astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_prefill_decode_split_times_each_categorys_prompt_on_both_runtimes(tiny_bundle, tiny_gguf, tmp_path):
+    """A row per bench category, each prompt cut to leave room for the decoded tokens, every time
+    positive and each ratio the two times' (to the printed precision)."""
+    from specdeploy.prompts import BENCH_PROMPTS
+
+    # decode is timed as (prefill + 32 tokens) - prefill: fewer tokens drown in the other run's noise
+    out = _run("prefill_decode_split", tiny_bundle, tiny_gguf, "--max-tokens", "32", "--repeats", "1", python=PEERS)
+    assert out.returncode == 0, out.stderr
+    rows = [line.strip("|").split("|") for line in out.stdout.splitlines()[3:]]
+    assert len(rows) == len(BENCH_PROMPTS) and all(len(row) == 7 for row in rows)
+    for tokens, _, _, pre_ratio, ours_dec, their_dec, dec_ratio in rows:
+        assert 0 < int(tokens) <= 128 - 33  # the tiny bundle's context less 1 + --max-tokens
+        assert min(float(ours_dec), float(their_dec), float(pre_ratio.strip(" ×")), float(dec_ratio.strip(" ×"))) > 0
+    bad = _run("prefill_decode_split", tmp_path / "none", tiny_gguf, python=PEERS)
+    assert bad.returncode == 1 and bad.stderr.startswith("error: ") and bad.stderr.count("\n") == 1, bad.stderr
+
+
+def test_first_token_times_each_bundle_and_llama_cpp(tiny_bundle, tiny_gguf, tmp_path):
+    """A row per bundle and llama.cpp's, which is its own baseline (1.00×)."""
+    out = _run("first_token", tiny_gguf, tiny_bundle, "--prompt-tokens", "50", "--repeats", "2", python=PEERS)
+    assert out.returncode == 0, out.stderr
+    first, header, _, *rows = out.stdout.splitlines()
+    assert first == "50-token prompt, median of 2: seconds to the first token" and header.startswith("| runtime |")
+    cells = [row.strip("|").split("|") for row in rows]
+    assert [c[0].strip() for c in cells] == [tiny_bundle.name, "llama.cpp"] and cells[1][2].strip() == "1.00×"
+    assert all(float(c[1]) >= 0 and float(c[2].strip(" ×")) > 0 for c in cells)
+    bad = _run("first_token", tiny_gguf, tmp_path / "none", python=PEERS)
+    assert bad.returncode == 1 and bad.stderr.startswith("error: ") and bad.stderr.count("\n") == 1, bad.stderr
+
+
+def test_q4_0_op_rows_times_every_requested_row_count():
+    from specdeploy import kernels
+
+    if kernels.find_include() is None and not kernels.library_path().is_file():
+        pytest.skip("needs specdeploy's operators: run `specdeploy build-kernels --fetch-headers`")
+    out = _run("q4_0_op_rows", "--pairs", "1", "--rows", "1,3", "--repeats", "2", timeout=300)
+    assert out.returncode == 0, out.stderr
+    first, header, _, *rows = out.stdout.splitlines()
+    assert first.startswith("2 weights of a 1.5B model's MLP; ") and "median of 2" in first
+    assert header == "| rows | Q4_0MatMul | MatMulNBits | MatMulNBits / Q4_0MatMul |"
+    cells = [[float(c.strip(" ×")) for c in row.strip("|").split("|")] for row in rows]
+    assert [c[0] for c in cells] == [1, 3]
+    assert all(ours > 0 and abs(ratio - theirs / ours) <= 0.05 * ratio + 0.01 for _, ours, theirs, ratio in cells)
+
+
+def test_self_replies_writes_a_reply_to_each_chosen_first_user_turn(tiny_bundle, tmp_path):
+    """Conversations that do not open with a user's words (plain text, a system turn, a blank turn) are
+    passed over; --skip and --count pick from the rest; each reply holds at most --tokens words."""
+    import json
+
+    users = _conversations(tmp_path / "data.jsonl", 5, seed=4)
+    passed = [{"text": "w7 w8"}, {"messages": [{"role": "system", "content": "w9"}, {"role": "user", "content": "w10"}]},
+              {"messages": [{"role": "user", "content": "  "}]}]
+    with (tmp_path / "data.jsonl").open("a") as data:
+        data.write("".join(json.dumps(p) + "\n" for p in passed))
+    lines = (tmp_path / "data.jsonl").read_text().splitlines()
+    (tmp_path / "data.jsonl").write_text("\n".join(lines[:2] + lines[5:] + lines[2:5]) + "\n")  # the passed-over amid
+    out = _run("self_replies", tiny_bundle.parent / "llama-model", tmp_path / "data.jsonl", "-o", tmp_path / "out.jsonl",
+               "--count", "3", "--skip", "1", "--tokens", "5", "--batch", "2", timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert [line.split(" prompts")[0] for line in out.stdout.splitlines()] == ["2/3", "3/3"]
+    written = [json.loads(line)["messages"] for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert sorted(m[0]["content"] for m in written) == sorted(users[1:4])
+    assert all([t["role"] for t in m] == ["user", "assistant"] and len(m[1]["content"].split()) <= 5 for m in written)
+
+
+def test_policies_learn_as_the_default_does_and_change_only_their_choice():
+    """Fed the same rounds, every policy's measurements are the default's; CopyAll offers all of it,
+    FixedRule goes by the agreement alone, and Pooled prices a contested match as the default prices
+    its uncontested length (how it learns contested rounds: lab/tests/test_policies.py)."""
+    from policies import CopyAll, FixedRule, Pooled
+
+    from specdeploy.runtime.copy_length import CONTESTED, CopyLength
+
+    rng = np.random.default_rng(0)
+    rounds = [(1 + d, m, d, int(rng.integers(0, d + 1)), 0.01 + 0.002 * d)
+              for m, d in zip(rng.integers(1, CONTESTED, 200), rng.integers(1, 5, 200))]  # uncontested only
+    default, policies = CopyLength(), (CopyAll(), FixedRule(), Pooled())
+    for policy in (default, *policies):
+        for observed in [(1, 0, 0, 0, 0.01), *rounds]:
+            policy.observe(*observed)
+    for policy in policies:
+        np.testing.assert_array_equal(policy.acceptance.tried, default.acceptance.tried)
+        np.testing.assert_array_equal(policy.acceptance.accepted, default.acceptance.accepted)
+    all_of, fixed, pooled = policies
+    for match in range(1, CONTESTED):
+        assert [all_of.choose(match + CONTESTED, a) for a in (1, 4)] == [1, 4]
+        assert fixed.choose(match, 4) == fixed.choose(match + CONTESTED, 4) == (0 if match < 2 else 1 if match < 4 else 4)
+        assert pooled.choose(match + CONTESTED, 4) == default.choose(match, 4)
