@@ -39,10 +39,13 @@ def gpu_route() -> tuple[str, str] | None:
     return None
 
 
+MAX_NEW_TOKENS = 96  # tokens a measured generation (--max-tokens)
+
+
 def measure(engine: Engine) -> dict:
     out = {}
-    for name, cfg in (("plain", GenerationConfig(max_new_tokens=96, speculative=False)),
-                      ("speculative", GenerationConfig(max_new_tokens=96, draft_source="hybrid"))):
+    for name, cfg in (("plain", GenerationConfig(max_new_tokens=MAX_NEW_TOKENS, speculative=False)),
+                      ("speculative", GenerationConfig(max_new_tokens=MAX_NEW_TOKENS, draft_source="hybrid"))):
         tokens = seconds = drafted = accepted = 0
         for prompt in PROMPTS:
             result = engine.generate([{"role": "user", "content": prompt}], cfg)
@@ -98,4 +101,14 @@ def main(bundles: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:] or ["engine.plan"]))
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("bundles", nargs="*", default=["engine.plan"], help="bundles to check (default engine.plan)")
+    parser.add_argument("--max-tokens", type=int, default=MAX_NEW_TOKENS, help="tokens a generation (default 96)")
+    args = parser.parse_args()
+    MAX_NEW_TOKENS = args.max_tokens
+    try:
+        sys.exit(main(args.bundles))
+    except SpecDeployError as exc:  # a bundle that is not there or not whole: one line, not a traceback
+        sys.exit(f"error: {exc}")
