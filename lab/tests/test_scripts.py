@@ -173,7 +173,8 @@ def test_offset_cost_prices_the_term_on_probe_copies_that_keep_its_ops_or_drop_i
     spec = importlib.util.spec_from_file_location("offset_cost", ROOT / "scripts" / "offset_cost.py")
     offset_cost = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(offset_cost)
-    bundle = quantize(tiny_bundle, tmp_path / "minmax", QuantizeOptions("int4", method="minmax", compute=ComputeOptions(exact_offsets=True)), echo=lambda line: None)
+    bundle = quantize(tiny_bundle, tmp_path / "minmax", QuantizeOptions("int4", method="minmax", compute=ComputeOptions(exact_offsets=True, int4_kernel="matmulnbits")),
+                      echo=lambda line: None)  # the term is MatMulNBits' form
     verify = manifest_io.read(bundle).graph("verify").file
 
     def graph(path):
