@@ -190,7 +190,9 @@ def test_offset_cost_prices_the_term_on_probe_copies_that_keep_its_ops_or_drop_i
     assert not offset_cost._offset_matmuls(gone) and "ReduceSum" not in ops(gone)
     assert ops(gone).count("MatMulNBits") == ops(graph(bundle)).count("MatMulNBits")
     assert offset_cost.probe_copy(bundle, tmp_path / "folded", offset_cost.fold_terms) > 0
-    default = quantize(tiny_bundle, tmp_path / "default", QuantizeOptions("int4", method="minmax", report=False), echo=lambda line: None)
+    nbits = ComputeOptions(int4_kernel="matmulnbits")
+    default = quantize(tiny_bundle, tmp_path / "default", QuantizeOptions("int4", method="minmax", report=False, compute=nbits),
+                       echo=lambda line: None)
     mine, made = _folded_arrays(graph(tmp_path / "folded")), _folded_arrays(graph(default))
     assert len(mine) == len(made) == len(offset_cost._offset_matmuls(graph(bundle))) and not tables(graph(default))
     for a, b in zip(mine, made):
