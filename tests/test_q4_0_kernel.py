@@ -193,12 +193,13 @@ def test_each_form_of_the_kernel_computes_the_product_with_rows_independent(libr
     for entry, blocks, weights in ((lib.q4_0_matmul, four, (qs, d.view(np.uint16))), (lib.q8_matmul, eight, (b, scales)),
                                    *((getattr(lib, f"{kind.lower()}_matmul"), blocks, K_QUANTS[kind].pack(blocks))
                                      for kind, blocks in zip(K_QUANTS, k_quants))):
-        x = rng.normal(size=(6, blocks.q.shape[1] * blocks.block)).astype(np.float32)
-        many = _call(entry, x, weights, blocks.q.shape[0])
-        want = x @ blocks.dequantize()
-        assert np.abs(many - want).max() < 0.02 * np.abs(want).max()
-        np.testing.assert_array_equal(many, np.concatenate([_call(entry, x[i:i + 1], weights, blocks.q.shape[0])
-                                                            for i in range(6)]))
+        for rows in (6, 11):  # a verify pass (tiles of four and two rows), a prefill chunk (past TILE)
+            x = rng.normal(size=(rows, blocks.q.shape[1] * blocks.block)).astype(np.float32)
+            many = _call(entry, x, weights, blocks.q.shape[0])
+            want = x @ blocks.dequantize()
+            assert np.abs(many - want).max() < 0.02 * np.abs(want).max()
+            np.testing.assert_array_equal(many, np.concatenate([_call(entry, x[i:i + 1], weights, blocks.q.shape[0])
+                                                                for i in range(rows)]))
 
 
 ARM = ("aarch64-linux-gnu-gcc", "qemu-aarch64")  # a cross compiler and a user-mode emulator

@@ -59,6 +59,19 @@ static inline const uint16_t *q4_1_at(const Work *w, int64_t g, int64_t b) {
     return (const uint16_t *)w->sc + ((size_t)g * (w->k / QK) + b) * Q4_1_HALVES;
 }
 
+#if defined(__AVX2__)
+/* A core streaming one group's blocks keeps too few reads in flight to reach the memory's
+ * bandwidth by the hardware's prefetch alone (10 GB/s of a core's 16.6 at one row): ask for the
+ * block PREFETCH ahead (4 KB), and a super-block's scales one ahead. */
+static inline __attribute__((always_inline)) void prefetch_ahead(const Work *w, int64_t g, int64_t b) {
+    const char *ahead = (const char *)(w->qs + ((size_t)g * (w->k / QK) + b + PREFETCH) * GROUP_BYTES);
+    for (int line = 0; line < GROUP_BYTES; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+    if (w->kind == KIND_Q4_K && b % SUB == 0)
+        for (int line = 0; line < SUPER_BYTES; line += 64)
+            _mm_prefetch((const char *)scales_at(w, g, b) + SUPER_BYTES + line, _MM_HINT_T0);
+}
+#endif
+
 #if !WIDE
 #if defined(__AVX2__) && defined(__FMA__)
 /* columns 8h .. 8h+7 of group g's block b: its scale and its minimum (added times xd·sum) */
@@ -182,6 +195,43 @@ static void group_row(const Work *w, int64_t g, int64_t r) {
 #endif
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+/* Up to four rows of group g at once in the AVX2 form: each block's nibbles unpacked once for the
+ * rows, every row's sums the instructions group_row runs, in its order (bitwise its result). */
+static inline __attribute__((always_inline)) void rows_avx2(const Work *w, int64_t g, int64_t r0, const int count) {
+    const int64_t nb = w->k / QK;
+    const uint8_t *wq = w->qs + (size_t)g * nb * GROUP_BYTES;
+    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    for (int h = 0; h < 2; h++) {
+        __m256 acc[4];
+        for (int t = 0; t < count; t++) acc[t] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            if (h == 0) prefetch_ahead(w, g, b);
+            __m256i dot[4];
+            for (int t = 0; t < count; t++) dot[t] = _mm256_setzero_si256();
+            for (int i = 0; i < 4; i++) {
+                __m256i q = _mm256_loadu_si256((const __m256i *)(wq + (size_t)b * GROUP_BYTES + 64 * i + 32 * h));
+                __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+                for (int t = 0; t < count; t++) {
+                    const int8_t *a = w->x.xq + (size_t)(r0 + t) * w->k + b * QK;
+                    __m256i alo = _mm256_set1_epi32(four_bytes(a + 4 * i)), ahi = _mm256_set1_epi32(four_bytes(a + 16 + 4 * i));
+                    dot[t] = _mm256_add_epi32(dot[t], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, alo), ones));
+                    dot[t] = _mm256_add_epi32(dot[t], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ahi), ones));
+                }
+            }
+            __m256 scale, least;
+            scales_8(w, g, b, h, &scale, &least);
+            for (int t = 0; t < count; t++) {
+                const float xd = w->x.xd[(r0 + t) * nb + b];
+                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(scale, _mm256_set1_ps(xd)), _mm256_cvtepi32_ps(dot[t]), acc[t]);
+                acc[t] = _mm256_fmadd_ps(least, _mm256_set1_ps(xd * (float)w->x.xs[(r0 + t) * nb + b]), acc[t]);
+            }
+        }
+        for (int t = 0; t < count; t++) _mm256_storeu_ps(w->y + (size_t)(r0 + t) * w->n + COLUMNS * g + 8 * h, acc[t]);
+    }
+}
+#endif
+
 #else
 /* group g's block b: its sixteen scales and minima (added times xd·sum) */
 static inline __attribute__((always_inline)) void scales_16(const Work *w, int64_t g, int64_t b, __m512 *scale,
@@ -198,17 +248,6 @@ static inline __attribute__((always_inline)) void scales_16(const Work *w, int64
     *scale = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)j))));
     *least = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_set1_epi32((int)0x80000000),  /* −dmin·m: a sign flip */
         _mm512_castps_si512(_mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(j + 16))))))));
-}
-
-/* A core streaming one group's blocks keeps too few reads in flight to reach the memory's
- * bandwidth by the hardware's prefetch alone (10 GB/s of a core's 16.6 at one row): ask for the
- * block PREFETCH ahead (4 KB), and a super-block's scales one ahead. */
-static inline __attribute__((always_inline)) void prefetch_ahead(const Work *w, int64_t g, int64_t b) {
-    const char *ahead = (const char *)(w->qs + ((size_t)g * (w->k / QK) + b + PREFETCH) * GROUP_BYTES);
-    for (int line = 0; line < GROUP_BYTES; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
-    if (w->kind == KIND_Q4_K && b % SUB == 0)
-        for (int line = 0; line < SUPER_BYTES; line += 64)
-            _mm_prefetch((const char *)scales_at(w, g, b) + SUPER_BYTES + line, _MM_HINT_T0);
 }
 
 /* y[r, 16g .. 16(g+groups)-1] for `groups` (1 or 2) groups and rows r0 .. r0+count-1, as
@@ -279,6 +318,16 @@ static void group_rows(const void *work, int64_t g, int groups, int64_t r0, int 
         case 7: tile_rows(w, g, r0, 7, 1); break;
         default: tile_rows(w, g, r0, 8, 1); break;
     }
+#elif defined(__AVX2__) && defined(__FMA__)
+    for (int j = 0; j < groups; j++)
+        for (int t = 0; t < count; t += 4) {
+            switch (count - t < 4 ? count - t : 4) {
+                case 1: rows_avx2(w, g + j, r0 + t, 1); break;
+                case 2: rows_avx2(w, g + j, r0 + t, 2); break;
+                case 3: rows_avx2(w, g + j, r0 + t, 3); break;
+                default: rows_avx2(w, g + j, r0 + t, 4); break;
+            }
+        }
 #else
     for (int j = 0; j < groups; j++)
         for (int t = 0; t < count; t++) group_row(w, g + j, r0 + t);
