@@ -771,3 +771,15 @@ def test_policies_learn_as_the_default_does_and_change_only_their_choice():
         assert [all_of.choose(match + CONTESTED, a) for a in (1, 4)] == [1, 4]
         assert fixed.choose(match, 4) == fixed.choose(match + CONTESTED, 4) == (0 if match < 2 else 1 if match < 4 else 4)
         assert pooled.choose(match + CONTESTED, 4) == default.choose(match, 4)
+
+
+def test_kernel_forms_times_both_forms_of_both_operators_at_every_row_count():
+    """One line a form and operator, three row counts each, every time positive."""
+    out = _run("kernel_forms", "--copies", "2", "--k", "256", "--n", "32", timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert [line.split()[:2] for line in lines] == [["native", "q4_k_matmul"], ["native", "q6_k_matmul"],
+                                                    ["avx2", "q4_k_matmul"], ["avx2", "q6_k_matmul"]]
+    for line in lines:
+        times = [float(t) for t in re.findall(r"rows ([0-9.]+) ms", line)]
+        assert re.findall(r"(\d+) rows", line) == ["1", "5", "8"] and len(times) == 3 and min(times) > 0

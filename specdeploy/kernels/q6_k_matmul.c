@@ -56,6 +56,18 @@ static inline int weight_at(const uint8_t *block, int c, int e) {
     return low | bits << 4;
 }
 
+#if defined(__AVX2__)
+/* the block PREFETCH ahead (6 KB) and a super-block's scales one ahead, as Q4_KMatMul asks:
+ * the hardware's prefetch alone keeps too few reads in flight for a core's bandwidth */
+static inline __attribute__((always_inline)) void prefetch_ahead(const Work *w, int64_t g, int64_t b) {
+    const char *ahead = (const char *)(w->q + ((size_t)g * (w->k / QK) + b + PREFETCH) * BLOCK_BYTES);
+    for (int line = 0; line < BLOCK_BYTES; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+    if (b % SUB == 0)
+        for (int line = 0; line < SUPER_BYTES; line += 64)
+            _mm_prefetch((const char *)scales_at(w, g, b / SUB) + SUPER_BYTES + line, _MM_HINT_T0);
+}
+#endif
+
 #if !WIDE
 static void group_row(const Work *w, int64_t g, int64_t r) {
     const int64_t nb = w->k / QK;
@@ -145,17 +157,56 @@ static void group_row(const Work *w, int64_t g, int64_t r) {
 #endif
 }
 
-#else
-/* the block PREFETCH ahead (6 KB) and a super-block's scales one ahead, as Q4_KMatMul asks:
- * the hardware's prefetch alone keeps too few reads in flight for a core's bandwidth */
-static inline __attribute__((always_inline)) void prefetch_ahead(const Work *w, int64_t g, int64_t b) {
-    const char *ahead = (const char *)(w->q + ((size_t)g * (w->k / QK) + b + PREFETCH) * BLOCK_BYTES);
-    for (int line = 0; line < BLOCK_BYTES; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
-    if (b % SUB == 0)
-        for (int line = 0; line < SUPER_BYTES; line += 64)
-            _mm_prefetch((const char *)scales_at(w, g, b / SUB) + SUPER_BYTES + line, _MM_HINT_T0);
-}
 
+#if defined(__AVX2__) && defined(__FMA__)
+/* Up to four rows of group g at once in the AVX2 form: each block's weights put together once for
+ * the rows, every row's sums the instructions group_row runs, in its order (bitwise its result). */
+static inline __attribute__((always_inline)) void rows_avx2(const Work *w, int64_t g, int64_t r0, const int count) {
+    const int64_t nb = w->k / QK;
+    const uint8_t *wq = w->q + (size_t)g * nb * BLOCK_BYTES;
+    const __m256i low = _mm256_set1_epi8(0x0f), top = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
+    for (int h = 0; h < 2; h++) {
+        __m256 acc[4];
+        for (int t = 0; t < count; t++) acc[t] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            if (h == 0) prefetch_ahead(w, g, b);
+            const uint8_t *block = wq + (size_t)b * BLOCK_BYTES, *s = scales_at(w, g, b / SUB);
+            __m256i dot[4][2];
+            for (int t = 0; t < count; t++) {
+                const int32_t *sums = w->sums + (size_t)(r0 + t) * 2 * nb;
+                dot[t][0] = _mm256_set1_epi32(-sums[2 * b]), dot[t][1] = _mm256_set1_epi32(-sums[2 * b + 1]);
+            }
+            for (int i = 0; i < 4; i++) {
+                __m256i q = _mm256_loadu_si256((const __m256i *)(block + 64 * i + 32 * h));
+                __m256i bits = _mm256_loadu_si256((const __m256i *)(block + 256 + 64 * (i / 2) + 32 * h));
+                bits = i % 2 ? _mm256_srli_epi16(bits, 4) : bits;
+                __m256i lo = _mm256_or_si256(_mm256_and_si256(q, low), _mm256_and_si256(_mm256_slli_epi16(bits, 4), top));
+                __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low),
+                                             _mm256_and_si256(_mm256_slli_epi16(bits, 2), top));
+                for (int t = 0; t < count; t++) {
+                    const int8_t *a = w->x.xq + (size_t)(r0 + t) * w->k + b * QK;
+                    __m256i alo = _mm256_set1_epi32(four_bytes(a + 4 * i)), ahi = _mm256_set1_epi32(four_bytes(a + 16 + 4 * i));
+                    dot[t][0] = _mm256_add_epi32(dot[t][0], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, alo), ones));
+                    dot[t][1] = _mm256_add_epi32(dot[t][1], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ahi), ones));
+                }
+            }
+            __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 16 * h))), scale[2];
+            for (int half = 0; half < 2; half++) {
+                const int8_t *sc = (const int8_t *)s + 32 + 32 * (b % SUB) + 16 * half + 8 * h;
+                scale[half] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)sc))));
+            }
+            for (int t = 0; t < count; t++) {
+                __m256 x = _mm256_set1_ps(w->x.xd[(r0 + t) * nb + b]);
+                for (int half = 0; half < 2; half++)
+                    acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(scale[half], x), _mm256_cvtepi32_ps(dot[t][half]), acc[t]);
+            }
+        }
+        for (int t = 0; t < count; t++) _mm256_storeu_ps(w->y + (size_t)(r0 + t) * w->n + COLUMNS * g + 8 * h, acc[t]);
+    }
+}
+#endif
+
+#else
 /* y[r, 16g .. 16(g+groups)-1] for `groups` (1 or 2) groups and rows r0 .. r0+count-1 (count <=
  * ROWS_AT_ONCE with two groups, <= TILE with one): each block's weights put together once for the
  * tile's rows; inlined for each constant count and groups. Past four rows the sums no longer all
@@ -250,6 +301,16 @@ static void group_rows(const void *work, int64_t g, int groups, int64_t r0, int 
             }
         }
     }
+#elif defined(__AVX2__) && defined(__FMA__)
+    for (int j = 0; j < groups; j++)
+        for (int t = 0; t < count; t += 4) {
+            switch (count - t < 4 ? count - t : 4) {
+                case 1: rows_avx2(w, g + j, r0 + t, 1); break;
+                case 2: rows_avx2(w, g + j, r0 + t, 2); break;
+                case 3: rows_avx2(w, g + j, r0 + t, 3); break;
+                default: rows_avx2(w, g + j, r0 + t, 4); break;
+            }
+        }
 #else
     for (int j = 0; j < groups; j++)
         for (int t = 0; t < count; t++) group_row(w, g + j, r0 + t);
