@@ -41,4 +41,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from sides import run_script
+
+    run_script(main)

@@ -254,7 +254,8 @@ def test_pass_profile_sets_each_op_types_time_over_many_rows_against_one(tiny_bu
 
 @pytest.mark.parametrize("script, bundles", [("arena_ab", 1), ("huge_pages_ab", 1), ("prefill_ab", 1), ("copy_length_ab", 1), ("outlier_channels", 1),
                                              ("quality_compare", 2), ("round_overhead", 1),
-                                             ("offset_cost", 1), ("step_profile", 1), ("pass_profile", 1), ("pass_costs", 1),
+                                             ("offset_cost", 1), ("step_profile", 1), ("pass_profile", 1), ("pass_costs", 1), ("embedding_pages", 1),
+                                             ("head_share", 1), ("packed_size", 1), ("lookup_ngram_ab", 1),
                                              ("requant_error", 1), ("static_ngram_bound", 1)])
 def test_a_script_given_no_bundle_says_so_in_one_line(script, bundles, tmp_path):
     import subprocess
