@@ -26,7 +26,7 @@
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define WIDE 1  /* AVX-512 VNNI: tiles of rows and column groups */
 #else
-#define WIDE 0  /* AVX2 or plain C: group_row, a row at a time */
+#define WIDE 0  /* AVX2 (rows_avx2, four rows a sweep) or plain C and Arm (group_row, a row at a time) */
 #endif
 #define COLUMNS 16         /* output columns a group: one int32 lane each */
 #define GROUP_BYTES 256    /* a group's block: 16 columns x 16 bytes */
@@ -114,6 +114,45 @@ static void group_row(const Work *w, int64_t g, int64_t r) {
 #endif
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+/* Up to four rows of group g at once in the AVX2 form: each block's nibbles unpacked once for the
+ * rows, read ahead as the wide tiles are, every row's sums the instructions group_row runs, in its
+ * order (bitwise its result). */
+static inline __attribute__((always_inline)) void rows_avx2(const Work *w, int64_t g, int64_t r0, const int count) {
+    const int64_t nb = w->k / QK;
+    const uint8_t *wq = w->qs + (size_t)g * nb * GROUP_BYTES;
+    const uint16_t *wd = w->d + (size_t)g * nb * COLUMNS;
+    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    for (int h = 0; h < 2; h++) {
+        __m256 acc[4];
+        for (int t = 0; t < count; t++) acc[t] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            if (h == 0)
+                for (int line = 0; line < GROUP_BYTES; line += 64)
+                    _mm_prefetch((const char *)wq + (size_t)(b + PREFETCH) * GROUP_BYTES + line, _MM_HINT_T0);
+            __m256i dot[4];
+            for (int t = 0; t < count; t++) dot[t] = _mm256_set1_epi32(-w->xs[(r0 + t) * nb + b]);
+            for (int i = 0; i < 4; i++) {
+                __m256i q = _mm256_loadu_si256((const __m256i *)(wq + (size_t)b * GROUP_BYTES + 64 * i + 32 * h));
+                __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+                for (int t = 0; t < count; t++) {
+                    const int8_t *a = w->xq + (size_t)(r0 + t) * w->k + b * QK;
+                    __m256i alo = _mm256_set1_epi32(four_bytes(a + 4 * i)), ahi = _mm256_set1_epi32(four_bytes(a + 16 + 4 * i));
+                    dot[t] = _mm256_add_epi32(dot[t], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, alo), ones));
+                    dot[t] = _mm256_add_epi32(dot[t], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ahi), ones));
+                }
+            }
+            __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd + b * COLUMNS + 8 * h)));
+            for (int t = 0; t < count; t++) {
+                __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(w->xd[(r0 + t) * nb + b]));
+                acc[t] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot[t]), acc[t]);
+            }
+        }
+        for (int t = 0; t < count; t++) _mm256_storeu_ps(w->y + (size_t)(r0 + t) * w->n + COLUMNS * g + 8 * h, acc[t]);
+    }
+}
+#endif
+
 #else
 /* y[r, 16g .. 16(g+groups)-1] for `groups` (1 or 2) groups and rows r0 .. r0+count-1 (count <=
  * TILE, or <= 4 with two groups): each block's weights are loaded and unpacked once for the tile's
@@ -185,6 +224,16 @@ static void group_rows(const void *work, int64_t g, int groups, int64_t r0, int 
         case 7: tile_rows(w, g, r0, 7, 1); break;
         default: tile_rows(w, g, r0, 8, 1); break;
     }
+#elif defined(__AVX2__) && defined(__FMA__)
+    for (int j = 0; j < groups; j++)
+        for (int t = 0; t < count; t += 4) {
+            switch (count - t < 4 ? count - t : 4) {
+                case 1: rows_avx2(w, g + j, r0 + t, 1); break;
+                case 2: rows_avx2(w, g + j, r0 + t, 2); break;
+                case 3: rows_avx2(w, g + j, r0 + t, 3); break;
+                default: rows_avx2(w, g + j, r0 + t, 4); break;
+            }
+        }
 #else
     for (int j = 0; j < groups; j++)
         for (int t = 0; t < count; t++) group_row(w, g + j, r0 + t);
