@@ -20,7 +20,8 @@ writes the mix most GGUF downloads are: Q4_K layer weights, Q6_K for the output 
 embedding) and for attn_v / ffn_down on the layers llama.cpp gives more bits (its
 `llama_tensor_get_type` for Q4_K_M), by a Q4_K / Q6_K writer of our own (`q4_k_bytes`,
 `q6_k_bytes`: min / max per block, as simple as the format allows; gguf-py does not quantize
-K-quants), whose files gguf-py and llama.cpp read as theirs.
+K-quants), whose files gguf-py and llama.cpp read as theirs. `--gguf q5_k_m` the same with Q5_K
+layer weights (`q5_k_bytes`).
 Random weights decode nonsense; their memory and speed are a real model's.
 """
 from __future__ import annotations
@@ -43,7 +44,7 @@ SHAPES = {  # the public configs' shapes
                         num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False,
                         rope_theta=500000.0),
 }
-GGUF_MIXES = ("q4_0", "q4_k_m")
+GGUF_MIXES = ("q4_0", "q4_k_m", "q5_k_m")
 CHUNK = 1 << 24  # elements generated at a time
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>{% endif %}")
@@ -116,25 +117,35 @@ def copy_tokenizer(source: Path, directory: Path, config) -> None:
     tokenizer.save_pretrained(directory)
 
 
-def q4_k_bytes(values: np.ndarray) -> np.ndarray:
+def q4_k_bytes(values: np.ndarray, top: int = 15) -> np.ndarray:
     """Q4_K blocks uint8 [rows, K/256 * 144] of values [rows, K]: per 32, q in 0..15 on [min(x, 0),
-    max(x)], its scale and minimum 6-bit multiples of the super-block's float16 d and dmin."""
+    max(x)], its scale and minimum 6-bit multiples of the super-block's float16 d and dmin
+    (`top` 31: Q5_K's values, their fifth bits for `q5_k_bytes`, in place of the low nibbles)."""
     rows, k = values.shape
     x = values.reshape(rows, k // 256, 8, 32)
     lo, hi = np.minimum(x.min(-1), 0), x.max(-1)                                    # [R, S, 8]
-    scale, least = (hi - lo) / 15, -lo
+    scale, least = (hi - lo) / top, -lo
     d = (np.maximum(scale.max(-1), 1e-8) / 63).astype(np.float16)                 # [R, S]
     dmin = (np.maximum(least.max(-1), 1e-8) / 63).astype(np.float16)
     sc = np.clip(np.rint(scale / d[..., None].astype(np.float32)), 0, 63).astype(np.uint8)
     mn = np.clip(np.rint(least / dmin[..., None].astype(np.float32)), 0, 63).astype(np.uint8)
     step = d[..., None].astype(np.float32) * sc
     q = np.clip(np.rint((x + (dmin[..., None].astype(np.float32) * mn)[..., None]) / np.where(step > 0, step, 1)[..., None]),
-                0, 15).astype(np.uint8)                                              # [R, S, 8, 32]
+                0, top).astype(np.uint8)                                             # [R, S, 8, 32]
     packed = np.concatenate([sc[..., :4] | ((sc[..., 4:] >> 4) << 6), mn[..., :4] | ((mn[..., 4:] >> 4) << 6),
                              (sc[..., 4:] & 0x0F) | ((mn[..., 4:] & 0x0F) << 4)], axis=-1)  # [R, S, 12]
-    nibbles = q[..., 0::2, :] | (q[..., 1::2, :] << 4)                              # [R, S, 4, 32]
+    low = q & 0x0F
+    nibbles = low[..., 0::2, :] | (low[..., 1::2, :] << 4)                          # [R, S, 4, 32]
     halves = np.stack([d, dmin], axis=-1).view(np.uint8)                            # [R, S, 4]
+    if top == 31:  # Q5_K: byte i of 32 holds sub-block j's weight i's fifth bit as bit j
+        fifth = ((q >> 4) << np.arange(8, dtype=np.uint8).reshape(8, 1)).sum(axis=-2, dtype=np.uint8)  # [R, S, 32]
+        packed = np.concatenate([packed, fifth], axis=-1)
     return np.concatenate([halves, packed, nibbles.reshape(rows, k // 256, 128)], axis=-1).reshape(rows, -1)
+
+
+def q5_k_bytes(values: np.ndarray) -> np.ndarray:
+    """Q5_K blocks uint8 [rows, K/256 * 176] of values [rows, K]: as `q4_k_bytes` with q in 0..31."""
+    return q4_k_bytes(values, top=31)
 
 
 def q6_k_bytes(values: np.ndarray) -> np.ndarray:
@@ -161,7 +172,7 @@ def _more_bits(layer: int, layers: int) -> bool:
 
 
 def gguf_type(name: str, dims: tuple[int, ...], layers: int, mix: str, tied: bool):
-    """The GGML type of parameter `name` in a file of `mix` ("q4_0" or "q4_k_m")."""
+    """The GGML type of parameter `name` in a file of `mix` ("q4_0", "q4_k_m" or "q5_k_m")."""
     import gguf
 
     kinds = gguf.GGMLQuantizationType
@@ -172,13 +183,14 @@ def gguf_type(name: str, dims: tuple[int, ...], layers: int, mix: str, tied: boo
         return kinds.Q8_0 if "embed" in name or "lm_head" in name else kinds.Q4_0
     layer = int(name.split(".")[2]) if name.startswith("model.layers.") else -1
     wide = output or (("v_proj" in name or "down_proj" in name) and _more_bits(layer, layers))
-    return kinds.Q6_K if wide else kinds.Q4_K
+    return kinds.Q6_K if wide else kinds.Q5_K if mix == "q5_k_m" else kinds.Q4_K
 
 
 def _quantized(values: np.ndarray, kind) -> np.ndarray:
     import gguf
 
-    own = {gguf.GGMLQuantizationType.Q4_K: q4_k_bytes, gguf.GGMLQuantizationType.Q6_K: q6_k_bytes}
+    own = {gguf.GGMLQuantizationType.Q4_K: q4_k_bytes, gguf.GGMLQuantizationType.Q5_K: q5_k_bytes,
+           gguf.GGMLQuantizationType.Q6_K: q6_k_bytes}
     return own[kind](values) if kind in own else gguf.quants.quantize(values, kind)
 
 
@@ -244,7 +256,7 @@ def main() -> None:
     parser.add_argument("-o", "--output", type=Path)
     parser.add_argument("--list", action="store_true", help="list the shapes and their parameter counts")
     parser.add_argument("--gguf", nargs="?", const="q4_0", choices=GGUF_MIXES, metavar="MIX",
-                        help="write a GGUF file (-o names it): q4_0 (the default) or q4_k_m")
+                        help="write a GGUF file (-o names it): q4_0 (the default), q4_k_m or q5_k_m")
     parser.add_argument("--tokenizer-from", type=Path, metavar="PATH",
                         help="a real model's tokenizer (a .gguf file or a Hugging Face directory) instead of "
                              "the byte-level one (safetensors checkpoints only)")

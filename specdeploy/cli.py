@@ -129,10 +129,11 @@ def _precision_options(choices=PRECISION, default=None, required=False, default_
                               "weight, GGUF or not; no exact TensorRT form at int8).")(f)
         f = click.option("--int4-kernel", type=click.Choice([*INT4_KERNELS, *INT4_KERNEL_ALIASES]),
                          default=DEFAULT_INT4_KERNEL, show_default=True,
-                         help="What computes int4 weights: specdeploy's own operators, reading a GGUF's Q4_0 / "
-                              "Q4_1 / Q4_K / Q6_K / Q8_0 blocks (and rtn / mse rounding) in place from the "
-                              "weights file (no packed copy: faster and smaller where decoding streams the "
-                              "weights; a library built here by build-kernels, or at first use), or "
+                         help="What computes int4 weights (and an int8 GGUF's): specdeploy's own operators, reading "
+                              "a GGUF's Q4_0 / Q4_1 / Q4_K / Q5_1 / Q5_K / Q6_K / Q8_0 blocks (and rtn / mse "
+                              "rounding) in place from the weights file (no packed copy: faster and smaller where "
+                              "decoding streams the weights; a library built here by build-kernels, or at first "
+                              "use), or "
                               "matmulnbits: ONNX Runtime's own kernel (portable, nothing built; the CUDA form). "
                               "auto: specdeploy's where the library is built or a C compiler can build it. "
                               "q4_0 is specdeploy's earlier name.")(f)

@@ -11,7 +11,7 @@ from exactness import assert_early_exit_equals_plain
 from specdeploy import kernels
 from specdeploy.bundle import manifest as manifest_io
 from specdeploy.errors import ConfigError
-from specdeploy.quantization import nbits, operators, q4_0, q4_1, q4_k, q6_k, q8
+from specdeploy.quantization import nbits, operators, q4_0, q4_1, q4_k, q5, q6_k, q8
 from specdeploy.quantization.compute import ComputeOptions
 from specdeploy.quantization.options import QuantizeOptions
 from specdeploy.quantization.quantize import quantize
@@ -33,8 +33,8 @@ def _blocks(rng, k: int = 256, n: int = 64) -> nbits.Blocks:
 
 
 def _model(blocks: nbits.Blocks, kind: str = "q4_0"):
-    """x [1, S, K] @ W as one node: specdeploy's "q4_0", "q4_1", "q4_k", "q6_k" or "q8" operator, or "nbits"
-    (MatMulNBits)."""
+    """x [1, S, K] @ W as one node: specdeploy's "q4_0", "q4_1", "q4_k", "q5_1", "q5_k", "q6_k" or "q8"
+    operator, or "nbits" (MatMulNBits)."""
     from onnx import TensorProto, helper
 
     n, nb, block = blocks.q.shape
@@ -44,7 +44,7 @@ def _model(blocks: nbits.Blocks, kind: str = "q4_0"):
                               opset_imports=[helper.make_opsetid("", 24), helper.make_opsetid("com.microsoft", 1)])
     node = helper.make_node("MatMul", ["x", "w"], ["y"], name="m")
     makers = {"q4_0": q4_0.matmul_node, "q8": q8.matmul_node, "q4_1": q4_1.matmul_node, "q4_k": q4_k.matmul_node,
-              "q6_k": q6_k.matmul_node,
+              "q6_k": q6_k.matmul_node, "q5_1": q5.Q5_1.matmul_node, "q5_k": q5.Q5_K.matmul_node,
               "nbits": lambda *args: nbits.matmul_node(*args, 4)}
     model.graph.node.append(makers[kind](model, node, "w", blocks))
     operators.use_domain(model)
@@ -154,21 +154,21 @@ FORMS = {"avx2": ("-march=x86-64-v3", "avx2"), "c": ("-march=x86-64", None)}
 
 
 def _k_quant(checkpoint_script, rng, k: int, n: int, kind: str = "Q4_K") -> nbits.Blocks:
-    """A GGUF Q4_1, Q4_K or Q6_K tensor's blocks, as export carries them (K-quants by our writer,
-    Q4_1 by gguf's)."""
+    """A GGUF Q4_1, Q5_1, Q4_K, Q5_K or Q6_K tensor's blocks, as export carries them (K-quants by our
+    writer, Q4_1 and Q5_1 by gguf's)."""
     import gguf
     from gguf import quants
 
     from specdeploy.quantization.gguf_blocks import BlockIndex
 
     values = rng.normal(size=(n, k)).astype(np.float32)
-    raw = quants.quantize(values, gguf.GGMLQuantizationType.Q4_1) if kind == "Q4_1" else \
+    raw = quants.quantize(values, getattr(gguf.GGMLQuantizationType, kind)) if kind in ("Q4_1", "Q5_1") else \
         getattr(checkpoint_script, f"{kind.lower()}_bytes")(values)
     weight = np.ascontiguousarray(quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, kind)).T)   # [K, N]
     return BlockIndex([raw], kind).blocks(weight, 32)
 
 
-K_QUANTS = {"Q4_1": q4_1, "Q4_K": q4_k, "Q6_K": q6_k}
+K_QUANTS = {"Q4_1": q4_1, "Q4_K": q4_k, "Q5_1": q5.Q5_1, "Q5_K": q5.Q5_K, "Q6_K": q6_k}
 
 
 @pytest.mark.parametrize("form", sorted(FORMS))
@@ -491,6 +491,28 @@ def test_a_gguf_q4_1_tensor_is_carried_with_the_files_own_d_and_m(checkpoint_scr
         np.testing.assert_array_equal(getattr(back, field), getattr(blocks, field))
 
 
+@pytest.mark.parametrize("kind", ["Q5_K", "Q5_1"])
+def test_a_gguf_5_bit_tensor_is_carried_with_the_files_own_values_scales_and_minima(checkpoint_script, kind):
+    """Q5_KMatMul's / Q5_1MatMul's bytes: the file's low four bits as Q4_KMatMul's, its fifth bits as
+    masks, its scales as the 4-bit sibling's (5.625 and 6 bits a weight); unpacked, the blocks export
+    carried, whose values are the file's."""
+    import gguf
+    from gguf import quants
+
+    blocks = _k_quant(checkpoint_script, np.random.default_rng(15), 512, 32, kind)
+    values = np.random.default_rng(15).normal(size=(32, 512)).astype(np.float32)  # the same tensor
+    raw = quants.quantize(values, gguf.GGMLQuantizationType.Q5_1) if kind == "Q5_1" else checkpoint_script.q5_k_bytes(values)
+    five = K_QUANTS[kind]
+    assert five.takes(blocks) and blocks.bits == 8 and not q8.takes(blocks) and not q4_k.takes(blocks)
+    np.testing.assert_array_equal(blocks.dequantize().T, quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, kind)))
+    qs, scales = five.pack(blocks)
+    assert qs.shape == (2, 16, 320) and (qs.nbytes + scales.nbytes) * 8 / values.size == (5.625 if kind == "Q5_K" else 6)
+    back = five.unpack(qs, scales)
+    for field in ("q", "scales", "offsets"):
+        np.testing.assert_array_equal(getattr(back, field), getattr(blocks, field))
+    assert back.super_scales.kind == kind and blocks.q.min() >= -16 and blocks.q.max() <= 15
+
+
 @pytest.mark.parametrize("kind", sorted(K_QUANTS))
 def test_a_k_quant_operator_keeps_every_row_count_bitwise_the_row_alone(library, checkpoint_script, kind):
     """Every count a pass can carry (1 to the longest verify pass: each tile and the prefill's
@@ -531,6 +553,35 @@ def test_a_q4_k_m_gguf_exports_onto_the_operators_exactly(library, checkpoint_sc
     ops = [n.op_type for g in ("draft", "verify", "head") for n in onnx.load(str(bundle / manifest.graphs[g].file)).graph.node]
     assert ops.count(q4_k.OP) >= 4 and ops.count(q6_k.OP) >= 3 and "MatMulNBits" not in ops  # v, down, the head
     assert ops.count("GroupQueryAttention") == 3  # every layer's attention one kernel, q / k / v apart or not
+    with Engine(bundle) as engine:
+        assert_early_exit_equals_plain(engine)
+
+
+@pytest.mark.parametrize("kernel", ["specdeploy", "matmulnbits"])
+def test_a_q5_k_m_gguf_is_carried_exactly_onto_either_kernel(library, checkpoint_script, tmp_path, capsys, kernel):
+    """A Q5_K_M file (Q5_K layers, Q6_K where llama.cpp gives more bits): its Q5_K weights on
+    Q5_KMatMul where specdeploy's kernels are chosen, on MatMulNBits at 8 bits with their minima
+    folded where not; never re-quantized; greedy early exit == plain either way."""
+    import onnx
+
+    from specdeploy.export import ExportConfig, export
+
+    shape = dict(checkpoint_script.SHAPES["qwen2.5-0.5b"], hidden_size=256, num_hidden_layers=3,
+                 intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, vocab_size=400)
+    config, params = checkpoint_script.parameters(shape)
+    source = tmp_path / "tiny-q5_k_m.gguf"
+    checkpoint_script.write_gguf(source, config, params, mix="q5_k_m")
+    bundle = export(ExportConfig(source=source, exit_layer=1, output=tmp_path / "b", max_context=256,
+                                 int4_kernel=kernel))
+    log = capsys.readouterr().out
+    assert "gptq" not in log and "re-quantiz" not in log
+    manifest = manifest_io.read(bundle)
+    ops = [n.op_type for g in ("draft", "verify", "head") for n in onnx.load(str(bundle / manifest.graphs[g].file)).graph.node]
+    if kernel == "specdeploy":
+        assert manifest.operators == (kernels.Q5, kernels.Q6_K) and manifest.row_check["passed"]
+        assert ops.count(q5.Q5_K.op) >= 4 and ops.count(q6_k.OP) >= 3 and "MatMulNBits" not in ops
+    else:
+        assert not manifest.operators and q5.Q5_K.op not in ops and ops.count("MatMulNBits") >= 7
     with Engine(bundle) as engine:
         assert_early_exit_equals_plain(engine)
 

@@ -2,7 +2,7 @@
 
 Usage: python lab/scripts/kernel_forms.py [--copies 60] [--k 1536] [--n 8960]
 Builds specdeploy's operator library for this CPU (-march=native) and as the AVX2 form (Haswell),
-and times q4_k_matmul / q6_k_matmul over one K x N weight through ctypes, `--copies` copies in turn
+and times q4_k_matmul / q5_k_matmul / q6_k_matmul over one K x N weight through ctypes, `--copies` copies in turn
 so that nothing stays in cache (random bytes, zero scales: the time does not depend on them). What
 an AVX2 machine's verify rows cost, measured on an AVX-512 one: the same instructions, not the same
 core.
@@ -20,8 +20,8 @@ FORMS = {"native": None, "avx2": ("-O3", "-march=haswell", "-shared", "-fPIC", "
 
 def weights(rng, kind: str, k: int, n: int, copies: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """`copies` (qs, scales) pairs of the operator's layout (kernels/q4_k_matmul.c, q6_k_matmul.c)."""
-    q, scales = (k * n // 2, n // 16 * k // 256 * 320) if kind == "q4_k" else \
-        (n // 16 * k // 32 * 384, n // 16 * k // 256 * 288)
+    q, scales = {"q4_k": (k * n // 2, n // 16 * k // 256 * 320), "q5_k": (n // 16 * k // 32 * 320, n // 16 * k // 256 * 320),
+                 "q6_k": (n // 16 * k // 32 * 384, n // 16 * k // 256 * 288)}[kind]
     return [(rng.integers(0, 256, size=q, dtype=np.uint8), np.zeros(scales, np.uint8)) for _ in range(copies)]
 
 
@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=8960)
     args = parser.parse_args()
     rng = np.random.default_rng(0)
-    made = {kind: weights(rng, kind, args.k, args.n, args.copies) for kind in ("q4_k", "q6_k")}
+    made = {kind: weights(rng, kind, args.k, args.n, args.copies) for kind in ("q4_k", "q5_k", "q6_k")}
     for form, flags in FORMS.items():
         lib = ctypes.CDLL(str(kernels.build(flags=flags or kernels.FLAGS)))
         for kind, pairs in made.items():

@@ -31,7 +31,8 @@ Q4_0 = "q4_0.v2"            # the manifest's name for this library's operators a
                              # (v2: sixteen columns a group; a v1 bundle is refused at load: re-export it)
 Q4_K = "q4_k.v1"            # Q4_KMatMul and Q4_1MatMul (int4 with minima) and their layouts
 Q6_K = "q6_k.v1"            # Q6_KMatMul and its layout
-NAMES = (Q4_0, Q4_K, Q6_K)        # what this library computes; a bundle naming anything else is refused at load
+Q5 = "q5.v1"                # Q5_KMatMul and Q5_1MatMul (Q4_K / Q4_1 with a fifth bit) and their layouts
+NAMES = (Q4_0, Q4_K, Q5, Q6_K)    # what this library computes; a bundle naming anything else is refused at load
 IN_PLACE_KEY = "read_in_place"  # manifest.extra: graph -> [name, offset, length, dtype, shape] an operator reads every step
 HEADER = "onnxruntime_c_api.h"
 # Debian's package of ONNX Runtime's headers: any architecture's holds the same files
@@ -182,4 +183,4 @@ def build_here(include: Path | None = None, fetch: bool = False) -> str:
     path = build(include)
     form = ctypes.CDLL(str(path))
     form.q4_0_form.restype = ctypes.c_char_p
-    return f"built {path} (Q4_0MatMul, Q4_1MatMul, Q4_KMatMul, Q6_KMatMul, Q8MatMul; {form.q4_0_form().decode()} form)"
+    return f"built {path} (Q4_0MatMul, Q4_1MatMul, Q4_KMatMul, Q5_KMatMul, Q5_1MatMul, Q6_KMatMul, Q8MatMul; {form.q4_0_form().decode()} form)"

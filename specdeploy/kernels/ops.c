@@ -253,12 +253,16 @@ OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtA
         fill(&q4_0_op, version);
         fill(&q4_1_op, version);
         fill(&q4_k_op, version);
+        fill(&q5_k_op, version);
+        fill(&q5_1_op, version);
         fill(&q6_k_op, version);
         fill(&q8_op, version);
         CHECK(ort->CreateCustomOpDomain("ai.specdeploy", &domain));
         CHECK(ort->CustomOpDomain_Add(domain, &q4_0_op.base));
         CHECK(ort->CustomOpDomain_Add(domain, &q4_1_op.base));
         CHECK(ort->CustomOpDomain_Add(domain, &q4_k_op.base));
+        CHECK(ort->CustomOpDomain_Add(domain, &q5_k_op.base));
+        CHECK(ort->CustomOpDomain_Add(domain, &q5_1_op.base));
         CHECK(ort->CustomOpDomain_Add(domain, &q6_k_op.base));
         CHECK(ort->CustomOpDomain_Add(domain, &q8_op.base));
     }

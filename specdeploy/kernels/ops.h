@@ -32,7 +32,7 @@ typedef struct {
 } SpecOp;
 struct Kernel { int64_t k, n; const SpecOp *op; };
 
-extern SpecOp q4_0_op, q4_1_op, q4_k_op, q6_k_op, q8_op;
+extern SpecOp q4_0_op, q4_1_op, q4_k_op, q5_k_op, q5_1_op, q6_k_op, q8_op;
 
 static inline int32_t four_bytes(const int8_t *a) { int32_t v; memcpy(&v, a, 4); return v; }
 float half_to_float(uint16_t h);  /* the plain C forms' float16 scales */

@@ -172,7 +172,7 @@ def quantize_graph(src: Path, dst: Path, precision: str, method: str = "rtn", in
         if method != "ort":
             carried = _own_blocks(model, chosen, "absmax" if method == "rtn" else method, index, outliers, grams,
                                   fold=not options.exact_offsets,
-                                  q4_0=options.int4_kernel == "specdeploy" and precision == "int4")
+                                  q4_0=options.int4_kernel == "specdeploy" and (precision == "int4" or index is not None))
         materialize(model)
     if method == "ort":
         quantizer = mnb.MatMulNBitsQuantizer(model, algo_config=_algo_config(chosen, method),
@@ -245,11 +245,11 @@ def _compute_nodes(model, node, weight: str, blocks, channels, shared: dict) -> 
     """MatMul `node` as a MatMulNBits over `blocks`, then its outlier term, then its offset term
     (folded into the MatMulNBits where no outlier channels are: their float rows are the symmetric
     values', which the folded zero points would change)."""
-    from . import folding, nbits, outliers, q4_0, q4_1, q4_k, q6_k, q8
+    from . import folding, nbits, outliers, q4_0, q4_1, q4_k, q5, q6_k, q8
 
     x, out = node.input[0], node.output[0]
     with_offsets = blocks.offsets is not None
-    for own in (q4_1, q4_k, q6_k):  # a GGUF's own blocks, as the file holds them
+    for own in (q4_1, q4_k, q5.Q5_K, q5.Q5_1, q6_k):  # a GGUF's own blocks, as the file holds them
         if channels is None and shared["q4_0"] and own.takes(blocks):
             return [own.matmul_node(model, node, weight, blocks)]
     if channels is None and shared["q4_0"] and q4_0.takes(blocks):

@@ -5,11 +5,12 @@ stored as q + 8, one fp16 scale) is int4 in two blocks of 16 sharing the scale; 
 in 0..15, an fp16 scale d and minimum m) is int4 the same way plus a float offset per block
 (nbits.offset_nodes), and so is Q4_K, whose 32-wide sub-blocks each have a scale and a minimum;
 Q5_0 (5-bit values, one scale per 32) and Q6_K (6-bit values, a scale per 16) are int8 blocks of
-32 and 16 holding the same integers.
+32 and 16 holding the same integers; Q5_1 and Q5_K (Q4_1 and Q4_K with a fifth bit, q in 0..31) are
+int8 blocks of 32 plus a float offset.
 The float weights the exporter saw are these blocks dequantized (as gguf's own dequantize
 computes them), so a graph weight's column is matched to its GGUF row by its
 bytes — no name mapping, and the row order a loader may permute (Llama's q/k projections) does
-not matter. Other types (Q5_1, Q2_K / Q3_K / Q5_K, ...) are re-quantized by the chosen method.
+not matter. Other types (Q2_K / Q3_K, the IQ types, ...) are re-quantized by the chosen method.
 """
 from __future__ import annotations
 
@@ -27,11 +28,15 @@ GGUF_BLOCK = 32
 # that holds its values: 4-bit types at 4 bits, 5- to 8-bit ones (Q5_0, Q6_K, Q8_0) at 8 bits even
 # in an int4 bundle — re-rounding them to 4 would discard what the file holds (the example's Q8_0
 # tied embedding / LM head above all), and llama.cpp runs them at their width too.
-CARRIES = {"int8": ("Q5_0", "Q6_K", "Q8_0"), "int4": ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q6_K", "Q8_0")}
-_WIDE = {"Q5_0", "Q6_K", "Q8_0"}  # carried at 8 bits
+CARRIES = {"int8": ("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0"),
+           "int4": ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0")}
+_WIDE = {"Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0"}  # carried at 8 bits
+_TOP = {"Q4_1": 8, "Q4_K": 8, "Q5_1": 16, "Q5_K": 16}  # q in 0..2·top−1 with a minimum: q − top is symmetric
 _BODY = {"Q8_0": GGUF_BLOCK, "Q4_0": GGUF_BLOCK // 2, "Q4_1": GGUF_BLOCK // 2}  # bytes of values
 _HEADER = {"Q8_0": 2, "Q4_0": 2, "Q4_1": 4}                                      # fp16 d (and m)
 _Q4_K_BYTES = 2 + 2 + 12 + 128  # fp16 d, dmin; 8 packed 6-bit scales and minima; 256 nibbles
+_Q5_K_BYTES = 2 + 2 + 12 + 32 + 128  # the same with 256 fifth bits before the nibbles
+_Q5_1_BYTES = 2 + 2 + 4 + 16         # fp16 d, m; 32 fifth bits; 32 nibbles
 
 
 def _decode(raw: np.ndarray, kind: str):
@@ -69,15 +74,39 @@ def _decode_q4_k(raw: np.ndarray):
     return np.ascontiguousarray(q), scale.reshape(rows, -1), -minimum.reshape(rows, -1)
 
 
-def _q4_k_scales(raw: np.ndarray) -> SuperScales:
-    """A Q4_K tensor's own scales, as the file holds them (Q4_KMatMul reads these)."""
+def _decode_q5_k(raw: np.ndarray):
+    """As `_decode_q4_k`, for Q5_K: the same super-blocks with a fifth bit a weight (bit j of byte i
+    of the 32 after the scales: sub-block j's weight i), q in 0..31."""
+    rows = raw.shape[0]
+    blocks = raw.reshape(-1, _Q5_K_BYTES)                                        # [R, 176]
+    q4, scale, least = _decode_q4_k(np.concatenate([blocks[:, :16], blocks[:, 48:]], axis=1).reshape(rows, -1))
+    fifth = (blocks[:, 16:48].reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1  # [R, 8, 32]
+    q = q4 | (fifth.reshape(rows, -1, GGUF_BLOCK) << 4).astype(np.int8)
+    return np.ascontiguousarray(q), scale, least
+
+
+def _decode_q5_1(raw: np.ndarray):
+    """As `_decode`, for Q5_1: 32 values of 5 bits (a 32-bit word of fifth bits, then the low
+    nibbles) with an fp16 d and m; the file's values are d·q + m."""
+    rows = raw.shape[0]
+    blocks = raw.reshape(-1, _Q5_1_BYTES)                                        # [R, 24]
+    d, m = (np.ascontiguousarray(blocks[:, at:at + 2]).view(np.float16).astype(np.float32)[:, 0] for at in (0, 2))
+    high = np.ascontiguousarray(blocks[:, 4:8]).view(np.uint32)                  # [R, 1]
+    high = ((high >> np.arange(32, dtype=np.uint32)[None]) & 1).astype(np.uint8)  # [R, 32]
+    low = blocks[:, 8:].reshape(-1, 1, 16) >> np.array([0, 4], np.uint8).reshape(1, 2, 1)
+    q = ((low & 0x0F).reshape(-1, 32) | (high << 4)).astype(np.int8)
+    return q.reshape(rows, -1, GGUF_BLOCK), d.reshape(rows, -1), m.reshape(rows, -1)
+
+
+def _q4_k_scales(raw: np.ndarray, kind: str = "Q4_K") -> SuperScales:
+    """A Q4_K (or Q5_K) tensor's own scales, as the file holds them (Q4_KMatMul / Q5_KMatMul read these)."""
     from gguf.quants import Q4_K
 
     rows = raw.shape[0]
-    blocks = raw.reshape(-1, _Q4_K_BYTES)                                        # [R, 144]
+    blocks = raw.reshape(-1, _Q4_K_BYTES if kind == "Q4_K" else _Q5_K_BYTES)     # [R, 144 or 176]
     sc, mn = Q4_K.get_scale_min(np.ascontiguousarray(blocks[:, 4:16]))           # [R, 8] each
     half = lambda at: np.ascontiguousarray(blocks[:, at:at + 2]).view(np.float16).reshape(rows, -1)  # noqa: E731
-    return SuperScales("Q4_K", half(0), sc.astype(np.uint8).reshape(rows, -1), half(2), mn.astype(np.uint8).reshape(rows, -1))
+    return SuperScales(kind, half(0), sc.astype(np.uint8).reshape(rows, -1), half(2), mn.astype(np.uint8).reshape(rows, -1))
 
 
 def _q6_k_scales(raw: np.ndarray) -> SuperScales:
@@ -88,14 +117,16 @@ def _q6_k_scales(raw: np.ndarray) -> SuperScales:
     return SuperScales("Q6_K", d, np.ascontiguousarray(blocks[:, 192:208]).view(np.int8).reshape(rows, -1))
 
 
-def _q4_1_scales(raw: np.ndarray) -> SuperScales:
-    """A Q4_1 tensor's own d and m, float16 per 32 (Q4_1MatMul reads these)."""
+def _q4_1_scales(raw: np.ndarray, kind: str = "Q4_1") -> SuperScales:
+    """A Q4_1 (or Q5_1) tensor's own d and m, float16 per 32 (Q4_1MatMul / Q5_1MatMul read these)."""
     rows = raw.shape[0]
-    halves = np.ascontiguousarray(raw.reshape(rows, -1, 20)[..., :4]).view(np.float16)   # [rows, nb, 2]
-    return SuperScales("Q4_1", np.ascontiguousarray(halves[..., 0]), dmin=np.ascontiguousarray(halves[..., 1]))
+    width = 20 if kind == "Q4_1" else _Q5_1_BYTES
+    halves = np.ascontiguousarray(raw.reshape(rows, -1, width)[..., :4]).view(np.float16)   # [rows, nb, 2]
+    return SuperScales(kind, np.ascontiguousarray(halves[..., 0]), dmin=np.ascontiguousarray(halves[..., 1]))
 
 
-_OWN_SCALES = {"Q4_K": _q4_k_scales, "Q6_K": _q6_k_scales, "Q4_1": _q4_1_scales}
+_OWN_SCALES = {"Q4_K": _q4_k_scales, "Q6_K": _q6_k_scales, "Q4_1": _q4_1_scales,
+               "Q5_K": lambda raw: _q4_k_scales(raw, "Q5_K"), "Q5_1": lambda raw: _q4_1_scales(raw, "Q5_1")}
 
 
 def _decode_q5_0(raw: np.ndarray):
@@ -128,7 +159,7 @@ def _decode_q6_k(raw: np.ndarray):
 
 _DECODERS = {"Q4_0": lambda raw: _decode(raw, "Q4_0"), "Q4_1": lambda raw: _decode(raw, "Q4_1"),
              "Q8_0": lambda raw: _decode(raw, "Q8_0"), "Q4_K": _decode_q4_k, "Q5_0": _decode_q5_0,
-             "Q6_K": _decode_q6_k}
+             "Q6_K": _decode_q6_k, "Q5_K": _decode_q5_k, "Q5_1": _decode_q5_1}
 
 
 def _values(q, d, m) -> np.ndarray:
@@ -147,7 +178,7 @@ INDEX_ROWS = 4096  # rows decoded at a time while indexing
 # what rows of different types may be carried together in one weight (sibling weights are fused):
 # (bits carried, a float offset, the file's block)
 _FORMS = {"Q4_0": (4, False, 32), "Q4_1": (4, True, 32), "Q4_K": (4, True, 32), "Q5_0": (8, False, 32),
-          "Q8_0": (8, False, 32), "Q6_K": (8, False, 16)}
+          "Q5_1": (8, True, 32), "Q5_K": (8, True, 32), "Q8_0": (8, False, 32), "Q6_K": (8, False, 16)}
 
 
 class BlockIndex:
@@ -155,7 +186,8 @@ class BlockIndex:
 
     A row is kept as (q int8 [nb, b], scales [nb], offsets [nb] or None, bits), b the file's block
     (32; 16 for Q6_K), in MatMulNBits' symmetric form: Q4_1's and Q4_K's d * q + m (q in 0..15)
-    becomes d * (q - 8) + (m + 8d), the offset rounded once to float32 (nbits.offset_nodes adds it).
+    becomes d * (q - 8) + (m + 8d), the offset rounded once to float32 (nbits.offset_nodes adds it);
+    Q5_1's and Q5_K's (q in 0..31) d * (q - 16) + (m + 16d).
     """
 
     def __init__(self, tensors, kind: str):
@@ -184,7 +216,7 @@ class BlockIndex:
             rows = raw()[np.array([r for t, r in found if t == tensor])]
             q, d, m = _DECODERS[kind](rows)
             if m is not None:
-                q, m = q - 8, m + np.float32(8) * d
+                q, m = q - _TOP[kind], m + np.float32(_TOP[kind]) * d
             parts.append((q, d, m))
             own.append(_OWN_SCALES[kind](rows) if kind in _OWN_SCALES else None)
         order = [t for t, _ in found]

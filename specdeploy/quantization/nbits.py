@@ -29,8 +29,8 @@ class SuperScales:
     """A GGUF weight's own scales, kept beside its Blocks so that specdeploy's operators read them as
     the file holds them. Q4_K: block b's (32 weights) scale is d·sc[b], its minimum −dmin·mn[b];
     Q6_K: sub-block b's (16 weights) scale is d·sc[b]; Q4_1: block b's scale is d[b], its minimum
-    dmin[b] (the file's m)."""
-    kind: str                       # "Q4_K", "Q6_K" or "Q4_1"
+    dmin[b] (the file's m). Q5_K and Q5_1 as Q4_K and Q4_1."""
+    kind: str                       # "Q4_K", "Q5_K", "Q6_K", "Q4_1" or "Q5_1"
     d: np.ndarray                   # float16 [N, K/256] (Q4_1: [N, K/32])
     sc: np.ndarray | None = None    # Q4_K: uint8 [N, K/32], 6-bit; Q6_K: int8 [N, K/16]
     dmin: np.ndarray | None = None  # Q4_K: float16 [N, K/256]; Q4_1: float16 [N, K/32]

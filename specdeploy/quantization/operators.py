@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..kernels import DOMAIN, Q4_0, Q4_K, Q6_K
+from ..kernels import DOMAIN, Q4_0, Q4_K, Q5, Q6_K
 
 
 def decided(compute, tensorrt: bool, echo):
@@ -73,15 +73,17 @@ def fuse_biases(model) -> int:
 
 def names(bundle: Path, graphs: dict) -> tuple[str, ...]:
     """The manifest's `operators`: the library's operators and layouts the graphs need, or none
-    (Q4_0MatMul and Q8MatMul are "q4_0.v2", Q4_KMatMul and Q4_1MatMul "q4_k.v1", Q6_KMatMul "q6_k.v1")."""
+    (Q4_0MatMul and Q8MatMul are "q4_0.v2", Q4_KMatMul and Q4_1MatMul "q4_k.v1", Q5_KMatMul and Q5_1MatMul
+    "q5.v1", Q6_KMatMul "q6_k.v1")."""
     import onnx
 
-    from . import q4_1, q4_k, q6_k
+    from . import q4_1, q4_k, q5, q6_k
 
     ops = {n.op_type for g in graphs.values()
            for n in onnx.load(str(bundle / g.file), load_external_data=False).graph.node if n.domain == DOMAIN}
-    minima = {q4_k.OP, q4_1.OP}
-    layouts = ((Q4_0, bool(ops - minima - {q6_k.OP})), (Q4_K, bool(ops & minima)), (Q6_K, q6_k.OP in ops))
+    minima, five = {q4_k.OP, q4_1.OP}, set(q5.OPS)
+    layouts = ((Q4_0, bool(ops - minima - five - {q6_k.OP})), (Q4_K, bool(ops & minima)), (Q5, bool(ops & five)),
+               (Q6_K, q6_k.OP in ops))
     return tuple(name for name, used in layouts if used)
 
 

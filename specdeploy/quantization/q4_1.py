@@ -27,19 +27,34 @@ def takes(blocks: Blocks) -> bool:
 def pack(blocks: Blocks) -> tuple[np.ndarray, np.ndarray]:
     """(qs uint8 [N/16, K/32, 256] as Q4_0MatMul's, of q in 0..15; dm float16 [N/16, K/32, 32]: per
     block the sixteen columns' d, then their m)."""
-    own = blocks.super_scales
-    n, nb, _ = blocks.q.shape
+    return nibbles(blocks.q), scale_halves(blocks.super_scales)
+
+
+def scale_halves(own: SuperScales) -> np.ndarray:
+    """dm float16 [N/16, K/32, 32] of a Q4_1 (or Q5_1) weight's own d and m (see `pack`)."""
+    n, nb = own.d.shape
     by_group = lambda a: a.astype(np.float16).reshape(n // COLUMNS, COLUMNS, nb).transpose(0, 2, 1)  # noqa: E731
-    return nibbles(blocks.q), np.ascontiguousarray(np.concatenate([by_group(own.d), by_group(own.dmin)], axis=-1))
+    return np.ascontiguousarray(np.concatenate([by_group(own.d), by_group(own.dmin)], axis=-1))
+
+
+def own_scales(dm: np.ndarray, kind: str = "Q4_1") -> SuperScales:
+    """Inverse of `scale_halves`."""
+    groups, nb, _ = dm.shape
+    rows = lambda a: np.ascontiguousarray(a.transpose(0, 2, 1).reshape(groups * COLUMNS, nb))  # noqa: E731
+    return SuperScales(kind, rows(dm[..., :COLUMNS]), dmin=rows(dm[..., COLUMNS:]))
+
+
+def symmetric(own: SuperScales, top: int) -> tuple[np.ndarray, np.ndarray]:
+    """(scales d, offsets m + top·d) float32 [N, K/32]: BlockIndex's symmetric form of q in 0..2·top−1."""
+    d = own.d.astype(np.float32)
+    return d, own.dmin.astype(np.float32) + np.float32(top) * d
 
 
 def unpack(qs: np.ndarray, dm: np.ndarray) -> Blocks:
     """Inverse of `pack`, in BlockIndex's symmetric form (q − 8, scale d, offset m + 8·d)."""
-    groups, nb, _ = dm.shape
-    rows = lambda a: np.ascontiguousarray(a.transpose(0, 2, 1).reshape(groups * COLUMNS, nb))  # noqa: E731
-    own = SuperScales("Q4_1", rows(dm[..., :COLUMNS]), dmin=rows(dm[..., COLUMNS:]))
-    d = own.d.astype(np.float32)
-    return Blocks(unpack_nibbles(qs), d, 4, own.dmin.astype(np.float32) + np.float32(8) * d, own)
+    own = own_scales(dm)
+    d, offsets = symmetric(own, 8)
+    return Blocks(unpack_nibbles(qs), d, 4, offsets, own)
 
 
 def matmul_node(model, node, weight_name: str, blocks: Blocks):

@@ -33,29 +33,44 @@ def takes(blocks: Blocks) -> bool:
 def pack(blocks: Blocks) -> tuple[np.ndarray, np.ndarray]:
     """(qs uint8 [N/16, K/32, 256] as Q4_0MatMul's, of q in 0..15; sc uint8 [N/16, K/256, 320]: per
     super-block the sixteen columns' d then dmin as float16 bytes, then per block their sc then mn)."""
-    own = blocks.super_scales
-    n, nb, _ = blocks.q.shape
+    return nibbles(blocks.q), scale_bytes(blocks.super_scales)
+
+
+def scale_bytes(own: SuperScales) -> np.ndarray:
+    """sc uint8 [N/16, K/256, 320] of a Q4_K (or Q5_K) weight's own scales (see `pack`)."""
+    n, nb = own.sc.shape
     groups, supers = n // COLUMNS, nb // SUB
     column_major = lambda a: a.reshape(groups, COLUMNS, supers, -1).transpose(0, 2, 3, 1)  # noqa: E731 [G, s, j, c]
     halves = np.concatenate([column_major(own.d.astype(np.float16)).reshape(groups, supers, COLUMNS),
                              column_major(own.dmin.astype(np.float16)).reshape(groups, supers, COLUMNS)], axis=-1)
     per_block = np.stack([column_major(own.sc), column_major(own.mn)], axis=3)            # [G, s, j, 2, c]
-    sc = np.concatenate([np.ascontiguousarray(halves).view(np.uint8).reshape(groups, supers, -1),
-                         per_block.reshape(groups, supers, -1)], axis=-1)
-    return nibbles(blocks.q), np.ascontiguousarray(sc)
+    return np.ascontiguousarray(np.concatenate([np.ascontiguousarray(halves).view(np.uint8).reshape(groups, supers, -1),
+                                                per_block.reshape(groups, supers, -1)], axis=-1))
 
 
-def unpack(qs: np.ndarray, sc: np.ndarray) -> Blocks:
-    """Inverse of `pack`, in BlockIndex's symmetric form (q − 8, scale d·sc, offset 8·d·sc − dmin·mn)."""
+def own_scales(sc: np.ndarray, kind: str = "Q4_K") -> SuperScales:
+    """Inverse of `scale_bytes`."""
     groups, supers, _ = sc.shape
     rows = lambda a: a.transpose(0, 3, 1, 2).reshape(groups * COLUMNS, -1)  # noqa: E731 [G, s, j, c] -> [N, s*j]
     halves = np.ascontiguousarray(sc[..., :4 * COLUMNS]).view(np.float16).reshape(groups, supers, 2, COLUMNS)
     per_block = sc[..., 4 * COLUMNS:].reshape(groups, supers, SUB, 2, COLUMNS)
-    own = SuperScales("Q4_K", rows(halves[:, :, :1]), rows(per_block[..., 0, :]), rows(halves[:, :, 1:]),
-                      rows(per_block[..., 1, :]))
+    return SuperScales(kind, rows(halves[:, :, :1]), rows(per_block[..., 0, :]), rows(halves[:, :, 1:]),
+                       rows(per_block[..., 1, :]))
+
+
+def symmetric(own: SuperScales, top: int) -> tuple[np.ndarray, np.ndarray]:
+    """(scales d·sc, offsets top·d·sc − dmin·mn) float32 [N, K/32]: BlockIndex's symmetric form of
+    q in 0..2·top−1."""
     d = np.repeat(own.d.astype(np.float32), SUB, axis=1) * own.sc.astype(np.float32)      # [N, nb]
     minimum = np.repeat(own.dmin.astype(np.float32), SUB, axis=1) * own.mn.astype(np.float32)
-    return Blocks(unpack_nibbles(qs), d, 4, -minimum + np.float32(8) * d, own)
+    return d, -minimum + np.float32(top) * d
+
+
+def unpack(qs: np.ndarray, sc: np.ndarray) -> Blocks:
+    """Inverse of `pack`, in BlockIndex's symmetric form (q − 8, scale d·sc, offset 8·d·sc − dmin·mn)."""
+    own = own_scales(sc)
+    d, offsets = symmetric(own, 8)
+    return Blocks(unpack_nibbles(qs), d, 4, offsets, own)
 
 
 def matmul_node(model, node, weight_name: str, blocks: Blocks):

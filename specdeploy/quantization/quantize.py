@@ -125,7 +125,7 @@ def _quantize_graphs(bundle: Path, manifest, plan: dict, tmp: Path, method: str,
                 f"inputs in float" if channels else "")
         two = (f"; {padded[name]} matmuls handed a padded second row (a one-row int4 call is another "
                f"kernel without VNNI)" if padded[name] else "")
-        own = own_count(dst) if plan[name] == "int4" and options.int4_kernel == "specdeploy" else 0
+        own = own_count(dst) if plan[name] in ("int4", "int8") and options.int4_kernel == "specdeploy" else 0
         own_line = f"; {own} matmul{'s' if own > 1 else ''} by specdeploy's operators (read in place)" if own else ""
         nearest = (f"; rounded to nearest, not by GPTQ: {calibration.unrounded[name]} (more memory, or the "
                    f"model's GGUF with its blocks carried, avoids this)" if name in calibration.unrounded else "")
@@ -264,8 +264,9 @@ def quantize_into(source: Path, target: Path, options: QuantizeOptions, texts: l
     from .operators import decided
 
     manifest = manifest_io.read(source)
-    compute = decided(options.compute, options.tensorrt, echo) if "int4" in options.plan(manifest).values() \
-        else options.compute
+    plan = set(options.plan(manifest).values())
+    ours = "int4" in plan or ("int8" in plan and Path(manifest.extra.get("source") or "").suffix == ".gguf")
+    compute = decided(options.compute, options.tensorrt, echo) if ours else options.compute
     graphs = manifest.graphs
     blocks = compute.blocks() if "int4" in options.plan(manifest).values() else (None,)
     attempts, folded = [(block, compute.exact_offsets) for block in blocks], False
