@@ -774,13 +774,41 @@ def test_policies_learn_as_the_default_does_and_change_only_their_choice():
         assert pooled.choose(match + CONTESTED, 4) == default.choose(match, 4)
 
 
-def test_kernel_forms_times_both_forms_of_both_operators_at_every_row_count():
+def test_kernel_forms_times_both_forms_of_each_operator_at_every_row_count():
     """One line a form and operator, three row counts each, every time positive."""
     out = _run("kernel_forms", "--copies", "2", "--k", "256", "--n", "32", timeout=300)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert [line.split()[:2] for line in lines] == [["native", "q4_k_matmul"], ["native", "q6_k_matmul"],
-                                                    ["avx2", "q4_k_matmul"], ["avx2", "q6_k_matmul"]]
+    assert [line.split()[:2] for line in lines] == [[form, f"{kind}_matmul"] for form in ("native", "avx2")
+                                                    for kind in ("q4_k", "q5_k", "q6_k")]
     for line in lines:
         times = [float(t) for t in re.findall(r"rows ([0-9.]+) ms", line)]
         assert re.findall(r"(\d+) rows", line) == ["1", "5", "8"] and len(times) == 3 and min(times) > 0
+
+
+def _quick(rounds: dict, rows_ms: float = 1.0) -> dict:
+    """A quick bench's results.json holding what priced_at.py reads: one greedy category's modes,
+    each {source: (rounds, draft tokens)}, and pass costs where a layer over any rows costs `rows_ms`."""
+    modes = {mode: {"by_source": {source: {"rounds": r, "draft_tokens": d} for source, (r, d) in sources.items()}}
+             for mode, sources in rounds.items()}
+    table = {str(r): rows_ms for r in range(1, 9)}
+    return {"bundle": {"model": "m", "num_layers": 2, "exit_layer": 1}, "results": {"0.0": {"chat": modes}},
+            "lookup_bound": {"costs": {"layer_step_ms": rows_ms, "layer_rows_ms": table, "head_ms": table,
+                                       "draft_head_ms": rows_ms}}}
+
+
+def test_priced_at_prices_one_runs_rounds_at_anothers_pass_costs(tmp_path):
+    """Rows free in the costs' run: a lookup mode ending 9 tokens in 6 passes instead of 9 is priced
+    1.5x, the same overall; a missing file is one line."""
+    import json
+
+    drafts = tmp_path / "drafts.json"
+    drafts.write_text(json.dumps(_quick({"plain": {"plain": (9, 0)}, "lookup": {"plain": (3, 0), "lookup": (3, 6)}})))
+    costs = tmp_path / "costs.json"
+    costs.write_text(json.dumps(_quick({})))
+    out = _run("priced_at", str(drafts), str(costs), timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in out.stdout.splitlines()[3:]}
+    assert rows == {"chat": "1.50×", "overall": "1.50×"}
+    missing = _run("priced_at", str(tmp_path / "none.json"), str(costs), timeout=120)
+    assert missing.returncode == 1 and missing.stderr.startswith("error: ") and len(missing.stderr.strip().splitlines()) == 1
