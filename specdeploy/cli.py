@@ -172,9 +172,12 @@ def _ngram_option(default=DEFAULT_LOOKUP_NGRAM, purpose="recorded as the default
               help="23: for ONNX Runtime 1.23 (the newest on Python 3.10, e.g. JetPack 6).")
 @click.option("--feature-head", type=click.Path(path_type=Path), default=None,
               help="An EAGLE-3 head (train-head's output, or a published one) to add, with the features it reads (a bundle of any precision).")
+@click.option("--features", "head_features", is_flag=True,
+              help="Also output the residual stream a feature head reads (its default three layers), so that "
+                   "`train-head --bundle` can teacher-force with this bundle's own graphs.")
 def export(model, exit_layer, num_draft_tokens, max_context, output, draft_source, lookup_ngram, calibrate, precision,
            draft_precision, verify_precision, method, int4_kernel, prompts_file, no_validate, backend, opset,
-           feature_head):
+           feature_head, head_features):
     """Split MODEL (Hugging Face directory or .gguf) into a bundle of draft/verify graphs."""
     from .export import ExportConfig, export as run_export
 
@@ -184,7 +187,7 @@ def export(model, exit_layer, num_draft_tokens, max_context, output, draft_sourc
         max_context=max_context, output=output, draft_source=draft_source, lookup_ngram=lookup_ngram,
         calibrate=calibrate, precision=precision, validate=not no_validate, prompts_file=prompts_file,
         draft_precision=draft_precision, verify_precision=verify_precision, method=method, backend=backend,
-        opset=int(opset), feature_head=feature_head, int4_kernel=int4_kernel,
+        opset=int(opset), feature_head=feature_head, int4_kernel=int4_kernel, head_features=head_features,
     )
     click.echo(f"bundle written to {run_export(config, echo=click.echo)}")
 
@@ -226,8 +229,12 @@ def calibrate(model, exit_layer, num_draft_tokens, max_context, output, prompts_
 @click.option("--draft-vocab", default=8192, show_default=True, help="Rows of the head's LM head (the likeliest tokens).")
 @click.option("--intermediate-size", type=int, default=None, help="The head's MLP width (default: the model's).")
 @click.option("--held-out", default=32, show_default=True, help="Conversations kept out of training to measure acceptance.")
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
-def train_head_command(model, data, output, tokens, steps, draft_vocab, intermediate_size, held_out, device):
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="Where training runs, and the PyTorch model's teacher-forcing when no --bundle is given.")
+@click.option("--bundle", type=click.Path(path_type=Path), default=None,
+              help="Teacher-force with this bundle's own graphs (exported from MODEL with --features): the "
+                   "distribution the head will draft against, about ten times the positions a second on a CPU.")
+def train_head_command(model, data, output, tokens, steps, draft_vocab, intermediate_size, held_out, device, bundle):
     """Train an EAGLE-style feature head for MODEL (a Hugging Face directory or .gguf) by distillation.
 
     Resumable: the model's features are cached, training checkpoints as it goes."""
@@ -235,7 +242,7 @@ def train_head_command(model, data, output, tokens, steps, draft_vocab, intermed
 
     config = TrainHeadConfig(source=model, data=data, output=output, tokens=tokens, draft_vocab_size=draft_vocab,
                              intermediate_size=intermediate_size, train=TrainConfig(steps=steps),
-                             held_out=held_out, device=device)
+                             held_out=held_out, device=device, bundle=bundle)
     path, measured = train_head(config, echo=click.echo)
     click.echo(f"head written to {path}; {measured.line()}")
 

@@ -109,7 +109,7 @@ def test_the_operator_computes_x_at_w_as_closely_as_matmulnbits_with_rows_indepe
     np.testing.assert_array_equal(many, alone)
 
 
-@pytest.mark.parametrize("k", [256, 96])   # an even and an odd number of blocks
+@pytest.mark.parametrize("k", [256, 96, 2112])   # an even and an odd number of blocks; more than a stretch's 64
 def test_the_8_bit_operator_computes_what_matmulnbits_does_with_rows_independent(library, k):
     """Q8MatMul over MatMulNBits' own 8-bit bytes: both quantize each activation row to int8 per
     block of 32 and take exact integer dots, so they agree to float rounding; each of 9 rows is

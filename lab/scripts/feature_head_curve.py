@@ -2,7 +2,10 @@
 
 Usage: python lab/scripts/feature_head_curve.py MODEL --data TRAIN.jsonl --held HELD.jsonl
            [--budgets 100000,300000] [--epochs 4] [--draft-vocab 4096] [--intermediate-size 768]
-           [--freeze-lm-head]
+           [--freeze-lm-head] [--bundle BUNDLE]
+
+`--bundle`: teacher-force with that bundle's graphs (exported with --features), as
+`train-head --bundle` does, instead of the PyTorch model.
 
 The target is teacher-forced once over the largest budget (cached as `train-head` caches it); each
 budget trains a fresh head on that many leading positions for the same number of epochs and
@@ -38,6 +41,7 @@ def main() -> None:
     parser.add_argument("--ttt-steps", type=int, default=3)
     parser.add_argument("--freeze-lm-head", action="store_true",
                         help="keep the LM head and final norm at the target's own (EAGLE-1 froze its LM head)")
+    parser.add_argument("--bundle", type=Path, default=None, help="teacher-force with this bundle's graphs")
     args = parser.parse_args()
     import torch
 
@@ -52,14 +56,17 @@ def main() -> None:
     torch.set_num_threads(torch.get_num_threads())
     model, tokenizer = load(args.model)
     config = pipeline.TrainHeadConfig(source=args.model, data=args.data, output=Path("/dev/null"), tokens=max(budgets),
-                                      draft_vocab_size=args.draft_vocab, intermediate_size=args.intermediate_size)
+                                      draft_vocab_size=args.draft_vocab, intermediate_size=args.intermediate_size,
+                                      bundle=args.bundle)
     layers = pipeline.HeadConfig.for_target(model.config).feature_layers
     texts = [render(tokenizer, c) for c in read_conversations(args.data)]
+    taught, generate, close = pipeline.choose_teacher(config, model, tokenizer, layers, print)
     started = time.perf_counter()
-    every = pipeline._features(model, tokenizer, config, texts, layers, print)
+    every = pipeline._features(taught, tokenizer, config, texts, layers, print)
     print(f"features: {len(every):,} positions in {time.perf_counter() - started:.0f} s")
     held = read_conversations(args.held)[: args.held_prompts]
-    replies, scored = pipeline._replies(model, tokenizer, held, 64, layers, print)
+    replies, scored = pipeline._replies(generate, taught, tokenizer, held, layers, print)
+    close()
     embed = TokenEmbedding(model)
     for budget in budgets:
         data = Features(**{f.name: getattr(every, f.name)[:budget] for f in dataclasses.fields(Features)})

@@ -26,11 +26,12 @@ def main() -> None:
     import torch
 
     from specdeploy.export.arch import load
-    from specdeploy.export.train_head import _replies
+    from specdeploy.export.train_head import _replies, torch_replies
     from specdeploy.feature_head import eagle3
     from specdeploy.feature_head.data import FeatureConfig, read_conversations, render, teacher_force
     from specdeploy.feature_head.evaluate import acceptance
     from specdeploy.feature_head.model import FeatureHead, TokenEmbedding
+    from specdeploy.feature_head.teachers import TorchTeacher
 
     model, tokenizer = load(args.model)
     config, tensors = eagle3.read(args.head)
@@ -41,10 +42,11 @@ def main() -> None:
     settings = FeatureConfig(config.feature_layers, max_total_tokens=args.tokens)
     for name, path in (("training text", args.train), ("held-out text", args.held)):
         texts = [render(tokenizer, c) for c in read_conversations(path)[: args.conversations]]
-        data = teacher_force(model, tokenizer, texts, settings)
+        data = teacher_force(TorchTeacher(model, config.feature_layers), tokenizer, texts, settings)
         print(f"{name} ({len(data):,} positions): {acceptance(head, embed, data, 4).line()}", flush=True)
     held = read_conversations(args.held)[: args.conversations // 2]
-    replies, scored = _replies(model, tokenizer, held, 64, config.feature_layers, print)
+    replies, scored = _replies(torch_replies(model, tokenizer, 64, "cpu"), TorchTeacher(model, config.feature_layers),
+                               tokenizer, held, config.feature_layers, print)
     print(f"the model's greedy replies to held-out prompts: {acceptance(head, embed, replies, 4, scored).line()}")
 
 

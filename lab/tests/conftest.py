@@ -23,3 +23,9 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(scope="session")
 def tiny_bundle(tmp_path_factory) -> Path:
     return _support.export_tiny("llama", tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="session")
+def features_bundle(tmp_path_factory) -> Path:
+    """The tiny Llama exported with the features a feature head reads (`export --features`)."""
+    return _support.export_tiny("llama", tmp_path_factory.mktemp("features"), head_features=True)

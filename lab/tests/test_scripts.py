@@ -812,3 +812,31 @@ def test_priced_at_prices_one_runs_rounds_at_anothers_pass_costs(tmp_path):
     assert rows == {"chat": "1.50×", "overall": "1.50×"}
     missing = _run("priced_at", str(tmp_path / "none.json"), str(costs), timeout=120)
     assert missing.returncode == 1 and missing.stderr.startswith("error: ") and len(missing.stderr.strip().splitlines()) == 1
+
+
+def test_teacher_rate_times_both_teachers_over_the_same_texts(features_bundle, tmp_path):
+    _conversations(tmp_path / "train.jsonl", 6, seed=1)
+    out = _run("teacher_rate", features_bundle.parent / "llama-model", features_bundle, "--data",
+               tmp_path / "train.jsonl", "--positions", "100", timeout=300)
+    assert out.returncode == 0, out.stderr
+    positions, texts = re.search(r"([\d,]+) positions, (\d+) texts", out.stdout).groups()
+    assert int(positions.replace(",", "")) >= 100 and 1 <= int(texts) <= 6
+    rates = re.search(r"pytorch \(fp32\): ([\d,]+) positions/s; bundle's graphs: ([\d,]+) positions/s \(([\d.]+)×\)",
+                      out.stdout).groups()
+    assert all(float(r.replace(",", "")) > 0 for r in rates)
+    share = float(re.search(r"fp32 model's at ([\d.]+)% of positions", out.stdout)[1])
+    assert share >= 99.0  # an fp32 bundle: the same model, to rounding
+    missing = _run("teacher_rate", features_bundle.parent / "llama-model", tmp_path / "none", "--data",
+                   tmp_path / "train.jsonl")
+    assert missing.returncode != 0 and missing.stderr.startswith("error:") and "Traceback" not in missing.stderr
+
+
+def test_feature_head_curve_teaches_with_a_bundle_when_given_one(features_bundle, tmp_path):
+    _conversations(tmp_path / "train.jsonl", 12, seed=1, user=20, reply=50)
+    _conversations(tmp_path / "held.jsonl", 4, seed=2)
+    out = _run("feature_head_curve", features_bundle.parent / "llama-model", "--data", tmp_path / "train.jsonl",
+               "--held", tmp_path / "held.jsonl", "--budgets", "1000", "--epochs", "1", "--draft-vocab", "40",
+               "--intermediate-size", "32", "--held-prompts", "2", "--ttt-steps", "1", "--bundle", features_bundle,
+               env={"SPECDEPLOY_CACHE": str(tmp_path / "cache")}, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "teacher: the bundle's graphs" in out.stdout and " tokens, " in out.stdout

@@ -43,6 +43,7 @@ class ExportConfig:
     backend: str = DEFAULT_BACKEND                 # "tensorrt": also build engines on this machine
     opset: int = DEFAULT_OPSET                     # 23: ScatterND KV writes, for ONNX Runtime < 1.25
     feature_layers: tuple[int, ...] = ()           # layers whose input the graphs also output (a feature head's)
+    head_features: bool = False                    # also output the layers a feature head reads by default (train-head --bundle)
     feature_head: Path | None = None               # an EAGLE-3 head to add (its layers become feature_layers)
     int4_kernel: str = DEFAULT_INT4_KERNEL         # what computes int4 weights (constants.INT4_KERNELS)
 

@@ -92,16 +92,19 @@ class DraftHead:
 
 
 def build_manifest(model, tokenizer, config, name: str) -> Manifest:
+    from ..feature_head.config import default_feature_layers
     from .arch import adds_bos, eos_ids, model_info
 
     info = model_info(model, name, eos_ids(model, tokenizer), adds_bos(tokenizer))
     config.check_layers(info.num_layers)
+    layers = config.feature_layers or (tuple(sorted(set(default_feature_layers(info.num_layers))))
+                                       if config.head_features else ())
     return Manifest(
         model=info, exit_layer=config.exit_layer, num_draft_tokens=config.num_draft_tokens,
         max_context=config.max_context,
-        graphs=decoder_graphs(config.exit_layer, info.num_layers, config.feature_layers),
+        graphs=decoder_graphs(config.exit_layer, info.num_layers, layers),
         draft_source=config.draft_source, lookup_ngram=config.lookup_ngram, opset=config.opset,
-        feature_layers=config.feature_layers,
+        feature_layers=layers,
     )
 
 

@@ -3,7 +3,8 @@
 Conversations come as JSONL, one per line, in any of the forms users keep them in:
 `{"messages": [{"role": "user", "content": ...}, ...]}` (OpenAI's chat format),
 `{"conversations": [{"from": "human", "value": ...}, ...]}` (ShareGPT's), or `{"text": ...}`.
-The target is teacher-forced over each conversation rendered with its chat template; for every
+The target is teacher-forced (by the exported bundle's graphs or the PyTorch model: teachers.py)
+over each conversation rendered with its chat template; for every
 position we keep the residual stream entering the three feature layers (fp16 where it fits) and the target's
 top-k next-token distribution: everything the head is trained against, so training never runs
 the target again. Cached on disk under a fingerprint of the model file, the text and the settings.
@@ -103,32 +104,27 @@ def compact(features: np.ndarray) -> np.ndarray:
     return features.astype(np.float16) if np.abs(features).max() < FP16_MAX else features.astype(np.float32)
 
 
-def teacher_force(model, tokenizer, texts: list[str | list[int]], config: FeatureConfig, progress=None) -> Features:
-    """The target over each text (or token ids): features at `config.feature_layers` and its top-k
-    distribution."""
-    import torch
-
+def teacher_force(teacher, tokenizer, texts: list[str | list[int]], config: FeatureConfig, progress=None) -> Features:
+    """`teacher` (feature_head/teachers.py) over each text (or token ids): the features at its
+    feature layers and the target's top-k distribution."""
     parts: dict[str, list] = {"tokens": [], "features": [], "teacher_ids": [], "teacher_probs": [], "segment": []}
     total = 0
-    with torch.no_grad():
-        for index, text in enumerate(texts):
-            ids = (text if isinstance(text, list) else
-                   tokenizer(text, add_special_tokens=False)["input_ids"])[: config.max_tokens]
-            if len(ids) < 4:
-                continue
-            out = model(torch.tensor([ids]), output_hidden_states=True)
-            feats = torch.stack([out.hidden_states[j][0] for j in config.feature_layers], 1)  # [S, 3, T]
-            top = torch.softmax(out.logits[0].float(), -1).topk(config.top_k, -1)            # [S, k]
-            parts["tokens"].append(np.asarray(ids, np.int32))
-            parts["features"].append(compact(feats.numpy()))
-            parts["teacher_ids"].append(top.indices.int().numpy())
-            parts["teacher_probs"].append((top.values / top.values.sum(-1, keepdim=True)).half().numpy())
-            parts["segment"].append(np.full(len(ids), index, np.int32))
-            total += len(ids)
-            if progress is not None:
-                progress(len(ids))
-            if total >= config.max_total_tokens:
-                break
+    for index, text in enumerate(texts):
+        ids = (text if isinstance(text, list) else
+               tokenizer(text, add_special_tokens=False)["input_ids"])[: config.max_tokens]
+        if len(ids) < 4:
+            continue
+        features, top_ids, top_probs = teacher(ids, config.top_k)          # [S, 3, T], [S, k], [S, k]
+        parts["tokens"].append(np.asarray(ids[: len(top_ids)], np.int32))
+        parts["features"].append(compact(features))
+        parts["teacher_ids"].append(top_ids)
+        parts["teacher_probs"].append(top_probs.astype(np.float16))
+        parts["segment"].append(np.full(len(top_ids), index, np.int32))
+        total += len(top_ids)
+        if progress is not None:
+            progress(len(top_ids))
+        if total >= config.max_total_tokens:
+            break
     if not parts["tokens"]:
         raise ConfigError("no conversation had 4 or more tokens; give the head conversations to learn from")
     return Features(**{k: np.concatenate(v) for k, v in parts.items()})

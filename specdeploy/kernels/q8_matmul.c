@@ -18,7 +18,6 @@
 #endif
 
 #define COLUMNS_PER_TASK 64
-#define PREFETCH 1024  /* bytes ahead */
 
 
 typedef struct {
@@ -30,48 +29,105 @@ typedef struct {
 } Work;
 
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
-/* Two blocks a 512-bit register: lanes 0-7 block 2p, lanes 8-15 block 2p+1 (an odd last block
- * loads zeros beside it). */
-static inline __attribute__((always_inline)) void tile(const Work *w, int64_t col, int64_t r0, const int count) {
+/* Sixteen columns a register, one lane a column, as the 4-bit operators hold them: each block of 32
+ * of sixteen adjacent columns (512 contiguous-column bytes) is turned once a call into eight
+ * registers whose lane c holds bytes 4j..4j+3 of column c (an 8 x 8 transpose of 4-byte words in
+ * each half), and every row of the call takes eight dots against them with its own four bytes
+ * broadcast. Each (row, column) sum is the block's exact integer dot, converted, times
+ * (column scale x row scale), added to the running sum in block order: the same instructions
+ * whatever rows share the call, so a verify row is bitwise the one-row step. */
+#define GROUP 16
+#define CHUNK 64  /* blocks a transposed stretch holds: 32 KB, in L1 / L2 while every row reads it */
+
+typedef struct { __m512i w[CHUNK][8]; float s[CHUNK][GROUP]; } Stretch;
+
+static inline void transpose_8x8(__m512i z[8]) {
+    const __m512i low = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0), high = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);
+    __m512i t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(z[i], z[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(z[i], z[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int j = 0; j < 4; j++) {
+        z[j] = _mm512_permutex2var_epi64(u[j], low, u[j + 4]);
+        z[j + 4] = _mm512_permutex2var_epi64(u[j], high, u[j + 4]);
+    }
+}
+
+/* Blocks b0 .. b0+count-1 of columns c0 .. c0+15 (a column past N reads the last one), and their
+ * scales; the next group's bytes are asked for as these are read. */
+static void transpose_stretch(const Work *w, int64_t c0, int64_t b0, int64_t count, Stretch *st) {
+    const int64_t nb = w->k / QK, last = w->n - 1;
+    const uint8_t *next = w->b + (size_t)(c0 + GROUP) * w->k;
+    const int prefetch = c0 + 2 * GROUP <= w->n;
+    for (int64_t b = 0; b < count; b++) {
+        __m512i z[8];
+        for (int i = 0; i < 8; i++) {
+            int64_t ca = c0 + i < last ? c0 + i : last, cb = c0 + i + 8 < last ? c0 + i + 8 : last;
+            __m256i ra = _mm256_loadu_si256((const __m256i *)(w->b + (size_t)ca * w->k + (b0 + b) * QK));
+            __m256i rb = _mm256_loadu_si256((const __m256i *)(w->b + (size_t)cb * w->k + (b0 + b) * QK));
+            z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(ra), rb, 1);
+            if (prefetch) _mm_prefetch((const char *)(next + ((b0 + b) * 8 + i) * 64), _MM_HINT_T0);
+        }
+        transpose_8x8(z);
+        for (int j = 0; j < 8; j++) st->w[b][j] = z[j];
+        for (int c = 0; c < GROUP; c++) st->s[b][c] = w->scales[(c0 + c < last ? c0 + c : last) * nb + b0 + b];
+    }
+}
+
+static inline __attribute__((always_inline)) void tile(const Work *w, const Stretch *st, int64_t c0, int64_t b0,
+                                                        int64_t count, int64_t r0, const int rows) {
     const int64_t nb = w->k / QK;
-    const uint8_t *wb = w->b + (size_t)col * w->k;
-    const float *ws = w->scales + (size_t)col * nb;
-    const __m512i halves = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __mmask16 valid = w->n - c0 >= GROUP ? 0xFFFF : (__mmask16)((1u << (w->n - c0)) - 1);
     __m512 acc[TILE];
-    for (int t = 0; t < count; t++) acc[t] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b += 2) {
-        const int two = b + 1 < nb;
-        const __mmask64 bytes = two ? ~(__mmask64)0 : 0xFFFFFFFFull;
-        _mm_prefetch((const char *)(wb + b * QK) + PREFETCH, _MM_HINT_T0);  /* as Q4_KMatMul: reads in flight */
-        __m512i q = _mm512_maskz_loadu_epi8(bytes, wb + b * QK);
-        __m128 sw = two ? _mm_castpd_ps(_mm_load_sd((const double *)(ws + b))) : _mm_load_ss(ws + b);
-        for (int t = 0; t < count; t++) {
+    for (int t = 0; t < rows; t++)
+        acc[t] = b0 ? _mm512_maskz_loadu_ps(valid, w->y + (size_t)(r0 + t) * w->n + c0) : _mm512_setzero_ps();
+    for (int64_t b = 0; b < count; b++) {
+        const __m512 sw = _mm512_loadu_ps(st->s[b]);
+        for (int t = 0; t < rows; t++) {
             const int64_t r = r0 + t;
-            __m512i a = _mm512_maskz_loadu_epi8(bytes, w->x.xq + (size_t)r * w->k + b * QK);
-            const int32_t *xs = w->x.xs + r * nb + b;
-            const float *xd = w->x.xd + r * nb + b;
-            __m512i start = _mm512_maskz_set1_epi32(0x0001, -xs[0]);
-            if (two) start = _mm512_mask_set1_epi32(start, 0x0100, -xs[1]);
-            __m512i dot = _mm512_dpbusd_epi32(start, q, a);
-            __m128 sx = two ? _mm_castpd_ps(_mm_load_sd((const double *)xd)) : _mm_load_ss(xd);
-            __m512 s = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_mul_ps(sw, sx)));
+            const int8_t *a = w->x.xq + (size_t)r * w->k + (b0 + b) * QK;
+            __m512i dot = _mm512_set1_epi32(-w->x.xs[r * nb + b0 + b]);
+            for (int j = 0; j < 8; j++) dot = _mm512_dpbusd_epi32(dot, st->w[b][j], _mm512_set1_epi32(four_bytes(a + 4 * j)));
+            const __m512 s = _mm512_mul_ps(sw, _mm512_set1_ps(w->x.xd[r * nb + b0 + b]));
             acc[t] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(dot), acc[t]);
         }
     }
-    for (int t = 0; t < count; t++) w->y[(size_t)(r0 + t) * w->n + col] = _mm512_reduce_add_ps(acc[t]);
+    for (int t = 0; t < rows; t++) _mm512_mask_storeu_ps(w->y + (size_t)(r0 + t) * w->n + c0, valid, acc[t]);
 }
 
-static void rows_of(const Work *w, int64_t col, int64_t r0, int count) {
-    switch (count) {
-        case 1: tile(w, col, r0, 1); break;
-        case 2: tile(w, col, r0, 2); break;
-        case 3: tile(w, col, r0, 3); break;
-        case 4: tile(w, col, r0, 4); break;
-        case 5: tile(w, col, r0, 5); break;
-        case 6: tile(w, col, r0, 6); break;
-        case 7: tile(w, col, r0, 7); break;
-        default: tile(w, col, r0, 8); break;
+static void rows_of(const Work *w, const Stretch *st, int64_t c0, int64_t b0, int64_t count, int64_t r0, int rows) {
+    switch (rows) {
+        case 1: tile(w, st, c0, b0, count, r0, 1); break;
+        case 2: tile(w, st, c0, b0, count, r0, 2); break;
+        case 3: tile(w, st, c0, b0, count, r0, 3); break;
+        case 4: tile(w, st, c0, b0, count, r0, 4); break;
+        case 5: tile(w, st, c0, b0, count, r0, 5); break;
+        case 6: tile(w, st, c0, b0, count, r0, 6); break;
+        case 7: tile(w, st, c0, b0, count, r0, 7); break;
+        default: tile(w, st, c0, b0, count, r0, 8); break;
     }
+}
+
+static void run_task(void *data, size_t task) {
+    const Work *w = data;
+    const int64_t nb = w->k / QK;
+    int64_t first = (int64_t)task * COLUMNS_PER_TASK;
+    int64_t last = first + COLUMNS_PER_TASK < w->n ? first + COLUMNS_PER_TASK : w->n;
+    static _Thread_local _Alignas(64) Stretch stretch;  /* 36 KB a thread, reused by every call */
+    Stretch *st = &stretch;
+    for (int64_t c0 = first; c0 < last; c0 += GROUP)
+        for (int64_t b0 = 0; b0 < nb; b0 += CHUNK) {
+            int64_t count = nb - b0 < CHUNK ? nb - b0 : CHUNK;
+            transpose_stretch(w, c0, b0, count, st);
+            for (int64_t r = 0; r < w->m; r += TILE) rows_of(w, st, c0, b0, count, r, w->m - r < TILE ? (int)(w->m - r) : TILE);
+        }
 }
 #else
 /* One (row, column) sum a block at a time: AVX2 multiplies |q| by a with q's sign (q = b - 128,
@@ -119,7 +175,6 @@ static void rows_of(const Work *w, int64_t col, int64_t r0, int count) {
 #endif
     }
 }
-#endif
 
 static void run_task(void *data, size_t task) {
     const Work *w = data;
@@ -128,6 +183,7 @@ static void run_task(void *data, size_t task) {
     for (int64_t col = first; col < last; col++)
         for (int64_t r = 0; r < w->m; r += TILE) rows_of(w, col, r, w->m - r < TILE ? (int)(w->m - r) : TILE);
 }
+#endif
 
 static OrtStatus *compute(const Kernel *kernel, OrtKernelContext *context) {
     const float *x;

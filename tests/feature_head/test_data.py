@@ -38,7 +38,9 @@ def test_teacher_forcing_keeps_the_layers_inputs_and_the_top_k(tiny_model_and_to
 
     model, tokenizer = tiny_model_and_tokenizer
     texts = [[3, 4, 5, 6, 7, 8], [9, 10, 11, 12, 13], [2, 3]]  # the last is too short to learn from
-    data = teacher_force(model, tokenizer, texts, FeatureConfig((0, 2, 4), top_k=5))
+    from specdeploy.feature_head.teachers import TorchTeacher
+
+    data = teacher_force(TorchTeacher(model, (0, 2, 4)), tokenizer, texts, FeatureConfig((0, 2, 4), top_k=5))
     assert len(data) == 11 and list(np.unique(data.segment)) == [0, 1]
     with torch.no_grad():
         out = model(torch.tensor([texts[1]]), output_hidden_states=True)

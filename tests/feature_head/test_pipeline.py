@@ -45,3 +45,33 @@ def test_missing_data_is_one_line(tiny_model_dir, tmp_path):
                                        "-o", str(tmp_path / "head")])
     assert result.exit_code != 0
     assert "--data" in result.output and "does not exist" in result.output and "Traceback" not in result.output
+
+
+def test_train_head_teacher_forces_with_the_bundles_graphs(tmp_path, conversations, monkeypatch):
+    from conftest import export_tiny
+
+    monkeypatch.setenv("SPECDEPLOY_CACHE", str(tmp_path / "cache"))
+    bundle = export_tiny("llama", tmp_path, head_features=True)
+    args = ["train-head", str(bundle.parent / "llama-model"), "--data", str(conversations), "-o",
+            str(tmp_path / "head"), "--tokens", "1000", "--steps", "4", "--draft-vocab", "48", "--held-out", "4",
+            "--bundle", str(bundle)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "teacher: the bundle's graphs" in result.output and "teacher-forcing the target (the bundle's" in result.output
+    assert eagle3.read_acceptance(tmp_path / "head")["teacher"] == "bundle"
+    exported = CliRunner().invoke(main, ["export", str(bundle.parent / "llama-model"), "--exit-layer", "2",
+                                         "--max-context", "128", "--feature-head", str(tmp_path / "head"),
+                                         "-o", str(tmp_path / "with-head")])
+    assert exported.exit_code == 0, exported.output
+
+
+def test_a_bundle_without_features_is_one_line(tiny_bundle, tiny_model_dir, conversations, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEPLOY_CACHE", str(tmp_path / "cache"))
+    result = CliRunner().invoke(main, ["train-head", str(tiny_model_dir), "--data", str(conversations), "-o",
+                                       str(tmp_path / "head"), "--tokens", "1000", "--held-out", "4",
+                                       "--bundle", str(tiny_bundle)])
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert "export --features" in result.output
+    result = CliRunner().invoke(main, ["train-head", str(tiny_model_dir), "--data", str(conversations), "-o",
+                                       str(tmp_path / "head"), "--bundle", str(tmp_path / "nowhere")])
+    assert result.exit_code != 0 and "is not a bundle" in result.output and "Traceback" not in result.output
