@@ -171,6 +171,37 @@ def _k_quant(checkpoint_script, rng, k: int, n: int, kind: str = "Q4_K") -> nbit
 K_QUANTS = {"Q4_1": q4_1, "Q4_K": q4_k, "Q5_1": q5.Q5_1, "Q5_K": q5.Q5_K, "Q6_K": q6_k}
 
 
+@pytest.mark.parametrize("form", ["native", *sorted(FORMS)])
+def test_every_form_quantizes_activations_to_the_same_bytes(library, form):
+    """Each row's int8 blocks as the operators take them: d = max|x| / 127 and x / d rounded to
+    nearest even (ties included), in float32, whatever form the compiler built."""
+    import platform
+
+    if form != "native" and (platform.machine() not in ("x86_64", "AMD64") or
+                             (FORMS[form][1] and not _cpu_has(FORMS[form][1]))):
+        pytest.skip(f"the {form} form is an x86-64 build this CPU cannot run")
+    flags = kernels.FLAGS if form == "native" else tuple(FORMS[form][0] if f == "-march=native" else f
+                                                         for f in kernels.FLAGS)
+    lib = ctypes.CDLL(str(kernels.build(flags=flags)))
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(3, 96)).astype(np.float32)
+    x[0, :32] = np.arange(32) - 15.5            # with 127 beside them d = 1: 31 exact halves,
+    x[0, 0] = 127.0                             # rounded to even (-14.5 -> -14, -13.5 -> -14, ...)
+    x[1, :32] = np.linspace(-127, 127, 32)
+    x[2, 32:64] = 0.0                           # a block of zeros: d = 0, q = 0
+    xq, xd, xs = np.zeros((3, 96), np.int8), np.zeros((3, 3), np.float32), np.zeros((3, 3), np.int32)
+    pointer = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
+    lib.quantize_activations(pointer(x), ctypes.c_int64(3), ctypes.c_int64(96), pointer(xq), pointer(xd), pointer(xs))
+    blocks = x.reshape(3, 3, 32)
+    d = np.abs(blocks).max(-1) / np.float32(127)                                       # [3, 3] float32
+    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
+    q = np.rint(blocks * inv[..., None]).astype(np.int8)                                # half to even
+    assert d[0, 0] == 1 and not np.array_equal(q[0, 0], np.trunc(blocks[0, 0] + np.sign(blocks[0, 0]) * 0.5))
+    np.testing.assert_array_equal(xd, d)
+    np.testing.assert_array_equal(xq.reshape(3, 3, 32), q)
+    np.testing.assert_array_equal(xs, q.astype(np.int32).sum(-1))
+
+
 @pytest.mark.parametrize("form", sorted(FORMS))
 def test_each_form_of_the_kernel_computes_the_product_with_rows_independent(library, form, checkpoint_script):
     """The AVX2 and plain C forms (what a machine without AVX-512 VNNI builds), through the

@@ -4,7 +4,7 @@
 
 #include <math.h>
 #include <stdlib.h>
-#if defined(__F16C__)
+#if defined(__F16C__) || defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -12,21 +12,61 @@ const OrtApi *ort;
 
 OrtStatus *fail(const char *message) { return ort->CreateStatus(ORT_INVALID_ARGUMENT, message); }
 
-/* x [K] -> xq [K] int8, xd [K/32] scales, xs [K/32] zero x each block's int8 sum */
-static void quantize_row(const float *x, int64_t k, int32_t zero, int8_t *xq, float *xd, int32_t *xs) {
-    for (int64_t b = 0; b < k / QK; b++) {
-        float amax = 0.0f;
-        for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(x[b * QK + j]));
-        float d = amax / 127.0f, inv = d != 0.0f ? 1.0f / d : 0.0f;
-        int32_t sum = 0;
-        for (int j = 0; j < QK; j++) {
-            int v = (int)lrintf(x[b * QK + j] * inv);
-            xq[b * QK + j] = (int8_t)v;
-            sum += v;
-        }
-        xd[b] = d;
-        xs[b] = zero * sum;
+/* x [K] -> xq [K] int8, xd [K/32] scales, xs [K/32] zero x each block's int8 sum. Per block of 32:
+ * d = max |x| / 127, q = x · (1/d) rounded to nearest even. The vector forms take the same float
+ * operations and the same rounding (the default mode, as lrintf's; packing saturates where the
+ * cast would wrap, and |q| <= 127 here), so every form gives the same
+ * bytes; a row of a verify pass costs its quantization once per matmul, serially before the
+ * columns' tasks start, which the scalar loop made a share of an extra row's cost at small K. */
+static void quantize_block(const float *x, int32_t zero, int8_t *xq, float *xd, int32_t *xs) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    const __m512 a0 = _mm512_loadu_ps(x), a1 = _mm512_loadu_ps(x + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a0), _mm512_abs_ps(a1)));
+    const float d = amax / 127.0f, inv = d != 0.0f ? 1.0f / d : 0.0f;
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(a0, _mm512_set1_ps(inv)));
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(a1, _mm512_set1_ps(inv)));
+    _mm_storeu_si128((__m128i *)xq, _mm512_cvtepi32_epi8(q0));
+    _mm_storeu_si128((__m128i *)(xq + 16), _mm512_cvtepi32_epi8(q1));
+    *xd = d;
+    *xs = zero * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+#elif defined(__AVX2__)
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 a[4], m = _mm256_setzero_ps();
+    for (int i = 0; i < 4; i++) {
+        a[i] = _mm256_loadu_ps(x + 8 * i);
+        m = _mm256_max_ps(m, _mm256_andnot_ps(sign, a[i]));
     }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    const float d = amax / 127.0f, inv = d != 0.0f ? 1.0f / d : 0.0f;
+    __m256i q[4];
+    for (int i = 0; i < 4; i++) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(a[i], _mm256_set1_ps(inv)));
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256((__m256i *)xq, _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    __m256i sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+    *xd = d;
+    *xs = zero * _mm_cvtsi128_si32(s4);
+#else
+    float amax = 0.0f;
+    for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(x[j]));
+    float d = amax / 127.0f, inv = d != 0.0f ? 1.0f / d : 0.0f;
+    int32_t sum = 0;
+    for (int j = 0; j < QK; j++) {
+        int v = (int)lrintf(x[j] * inv);
+        xq[j] = (int8_t)v;
+        sum += v;
+    }
+    *xd = d;
+    *xs = zero * sum;
+#endif
+}
+
+static void quantize_row(const float *x, int64_t k, int32_t zero, int8_t *xq, float *xd, int32_t *xs) {
+    for (int64_t b = 0; b < k / QK; b++) quantize_block(x + b * QK, zero, xq + b * QK, xd + b, xs + b);
 }
 
 float half_to_float(uint16_t h) {
@@ -75,6 +115,11 @@ int quantized_rows(const float *x, int64_t m, int64_t k, int32_t zero, Rows *out
     for (int64_t r = 0; r < m; r++)
         quantize_row(x + (size_t)r * k, k, zero, out->xq + (size_t)r * k, out->xd + r * nb, out->xs + r * nb);
     return 0;
+}
+
+/* The rows as the operators quantize them (zero 1: xs the plain block sums), for tests. */
+void quantize_activations(const float *x, int64_t m, int64_t k, int8_t *xq, float *xd, int32_t *xs) {
+    for (int64_t r = 0; r < m; r++) quantize_row(x + r * k, k, 1, xq + r * k, xd + r * (k / QK), xs + r * (k / QK));
 }
 
 void free_rows(Rows *rows) {
