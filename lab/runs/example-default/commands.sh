@@ -10,3 +10,8 @@ rm -rf /tmp/runs15/engine.plan
    --model $M --repeats 3 --prompts-per-category 1 --no-plots -o /tmp/runs15/example-compare > /tmp/runs15/example-compare.log 2>&1
 /work/main/.venv/bin/specdeploy bench /tmp/runs15/engine.plan --quick --greedy-only -o /tmp/runs15/example-quick > /tmp/runs15/example-quick.log 2>&1
 echo done > /tmp/runs15/EXAMPLE_DONE
+# 2026-12-06: peers.md / peers.json run again on the same bundle with the current runtime (the LM head's
+# sixteen-column form and vector activation quantization), from this checkout:
+#   .venv-peers/bin/specdeploy bench engine.plan --compare --peers llama.cpp,ortgenai-int4 \
+#      --model models/SmolLM2-135M-Instruct.Q4_1.gguf --repeats 3 --prompts-per-category 1 --no-plots
+# quick.md: the last run of vector-quantize-ab-intel/ (4-new.md)
