@@ -13,7 +13,7 @@ import click
 from .constants import (BACKENDS, DEFAULT_BACKEND, DEFAULT_BUNDLE, DEFAULT_DRAFT_SOURCE, DEFAULT_LOOKUP_NGRAM,
                         DEFAULT_MAX_CONTEXT, DEFAULT_NUM_DRAFT_TOKENS, DEFAULT_OPSET, DEFAULT_PREFILL_CHUNK,
                         DEFAULT_INT4_KERNEL, DEFAULT_QUANT_METHOD, INT4_KERNEL_ALIASES, INT4_KERNELS, OPSETS,
-                        PRECISIONS, PROVIDERS, QUANTIZED_PRECISIONS, QUANT_METHODS, SOURCES)
+                        PRECISIONS, PROVIDERS, QUANTIZED_PRECISIONS, QUANT_METHODS, QUARTER_EXIT, SOURCES)
 from .errors import SpecDeployError
 
 PRECISION = click.Choice(PRECISIONS)
@@ -154,7 +154,9 @@ def _ngram_option(default=DEFAULT_LOOKUP_NGRAM, purpose="recorded as the default
 
 @main.command()
 @click.argument("model", type=click.Path(path_type=Path))
-@click.option("--exit-layer", required=True, help="Layer k to exit at (1..L-1), or 'auto' (calibrates and picks).")
+@click.option("--exit-layer", default=None,
+              help="Layer k to exit at (1..L-1), or 'auto' (calibrates and picks). Default: a quarter of the "
+                   "layers (8 of 30): the early exit's drafts depend on it, the other drafters do not.")
 @click.option("--num-draft-tokens", default=str(DEFAULT_NUM_DRAFT_TOKENS), show_default=True,
               help="Draft length γ recorded as the default, or 'auto'.")
 @click.option("--max-context", default=DEFAULT_MAX_CONTEXT, show_default=True, help="KV buffer capacity in tokens.")
@@ -182,7 +184,7 @@ def export(model, exit_layer, num_draft_tokens, max_context, output, draft_sourc
     from .export import ExportConfig, export as run_export
 
     config = ExportConfig(
-        source=model, exit_layer=_int_or_auto(exit_layer, "--exit-layer"),
+        source=model, exit_layer=QUARTER_EXIT if exit_layer is None else _int_or_auto(exit_layer, "--exit-layer"),
         num_draft_tokens=_int_or_auto(num_draft_tokens, "--num-draft-tokens"),
         max_context=max_context, output=output, draft_source=draft_source, lookup_ngram=lookup_ngram,
         calibrate=calibrate, precision=precision, validate=not no_validate, prompts_file=prompts_file,

@@ -14,6 +14,7 @@ DEFAULT_DRAFT_SOURCE = "hybrid"
 # num_draft_tokens (γ): the largest any drafter, request or engine profile accepts
 MAX_DRAFT_TOKENS = 16
 DEFAULT_NUM_DRAFT_TOKENS = 4
+QUARTER_EXIT = "quarter"  # export's default exit layer: a quarter of the layers (export/pipeline.default_exit_layer)
 
 # lookup drafting: suffix lengths (min, max) matched against the context, longest first
 DEFAULT_LOOKUP_NGRAM = (1, 4)

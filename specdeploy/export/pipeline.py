@@ -17,7 +17,7 @@ from ..config import (check_int4_kernel, check_method, check_ngram, check_num_dr
                       check_source)
 from ..constants import (BACKENDS, DEFAULT_BACKEND, DEFAULT_INT4_KERNEL, DEFAULT_BUNDLE, DEFAULT_DRAFT_SOURCE, DEFAULT_LOOKUP_NGRAM,
                          DEFAULT_MAX_CONTEXT, DEFAULT_NUM_DRAFT_TOKENS, DEFAULT_OPSET,
-                         MAX_CONTEXT_RANGE, DEFAULT_QUANT_METHOD, OPSETS)
+                         MAX_CONTEXT_RANGE, DEFAULT_QUANT_METHOD, OPSETS, QUARTER_EXIT)
 from ..errors import ConfigError
 from ..runtime.memory_log import mark, recording
 
@@ -27,7 +27,7 @@ class ExportConfig:
     """Everything `specdeploy export` / `calibrate` can be asked; validated on construction."""
 
     source: Path                                   # Hugging Face directory, .gguf file, or a bundle to re-calibrate
-    exit_layer: int | None                         # None: chosen by calibration ("auto")
+    exit_layer: int | str | None                   # None: chosen by calibration ("auto"); QUARTER_EXIT: a quarter of the layers
     num_draft_tokens: int | None = DEFAULT_NUM_DRAFT_TOKENS  # None: chosen by calibration ("auto")
     max_context: int = DEFAULT_MAX_CONTEXT
     output: Path = Path(DEFAULT_BUNDLE)
@@ -52,7 +52,9 @@ class ExportConfig:
         object.__setattr__(self, "output", Path(self.output))
         if self.opset not in OPSETS:
             raise ConfigError(f"opset={self.opset} is not supported; pick 24 (default) or 23 (ONNX Runtime 1.23)")
-        if self.exit_layer is not None and self.exit_layer < 1:
+        if isinstance(self.exit_layer, str) and self.exit_layer != QUARTER_EXIT:
+            raise ConfigError(f"exit_layer={self.exit_layer!r}: give a layer number, 'auto' or '{QUARTER_EXIT}'")
+        if isinstance(self.exit_layer, int) and self.exit_layer < 1:
             raise ConfigError(f"exit_layer={self.exit_layer} must be >= 1")
         if self.num_draft_tokens is not None:
             check_num_draft_tokens(self.num_draft_tokens)
@@ -91,7 +93,7 @@ class ExportConfig:
         return self.calibrate or self.exit_layer is None or self.num_draft_tokens is None
 
     def check_layers(self, num_layers: int) -> None:
-        if self.exit_layer is not None and self.exit_layer >= num_layers:
+        if isinstance(self.exit_layer, int) and self.exit_layer >= num_layers:
             raise ConfigError(
                 f"exit_layer={self.exit_layer} must be < num_layers={num_layers}; pick 1..{num_layers - 1}"
             )
@@ -126,6 +128,7 @@ def _export(config: ExportConfig, echo, calibration) -> Path:
     with _one_parse(config.source):
         model, tokenizer, streamed = _load(config)
         config.check_layers(model.config.num_hidden_layers)
+        config = with_exit_layer(config, model.config.num_hidden_layers, echo)
         check_context(model.config, config.max_context)
         how = "its weights read a tensor at a time" if streamed else "in fp32"
         echo(f"loaded {config.source.name}: {model.config.model_type}, {model.config.num_hidden_layers} layers, {how}")
@@ -192,6 +195,23 @@ def _one_parse(source: Path):
     from .gguf_reads import parsed_once
 
     return parsed_once()
+
+
+def default_exit_layer(num_layers: int) -> int:
+    """A quarter of the layers, rounded (8 of 30, 7 of 28, 9 of 36), at least one: deep enough that
+    the draft layers' KV rows every drafter writes are a small share of a step, shallow enough for
+    an early-exit draft to cost little. Every drafter works whatever the exit; only the early exit's
+    own drafts depend on it (docs/draft-sources.md)."""
+    return max(1, min(num_layers - 1, (num_layers + 2) // 4))
+
+
+def with_exit_layer(config: ExportConfig, num_layers: int, echo) -> ExportConfig:
+    """`config` with the default exit layer decided (said in the log), else as it was."""
+    if config.exit_layer != QUARTER_EXIT:
+        return config
+    k = default_exit_layer(num_layers)
+    echo(f"exit layer {k} of {num_layers} (the default: a quarter of the layers; --exit-layer K or auto chooses another)")
+    return dataclasses.replace(config, exit_layer=k)
 
 
 def with_precision(config: ExportConfig, echo) -> ExportConfig:

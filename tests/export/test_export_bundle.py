@@ -74,6 +74,26 @@ def test_exit_layer_out_of_range(tmp_path):
         ExportConfig(source=model, exit_layer=0)
 
 
+@pytest.mark.unit
+def test_the_default_exit_is_a_quarter_of_the_layers():
+    from specdeploy.export.pipeline import default_exit_layer
+
+    assert [default_exit_layer(n) for n in (30, 28, 36, 24, 4, 2)] == [8, 7, 9, 6, 1, 1]
+    with pytest.raises(ConfigError, match="a layer number, 'auto' or 'quarter'"):
+        ExportConfig(source=".", exit_layer="half")
+
+
+def test_export_without_an_exit_layer_takes_the_default_and_says_so(tiny_model_dir, tmp_path):
+    from click.testing import CliRunner
+
+    from specdeploy.cli import main
+
+    result = CliRunner().invoke(main, ["export", str(tiny_model_dir), "--max-context", "64", "-o", str(tmp_path / "b")])
+    assert result.exit_code == 0, result.output
+    assert "exit layer 1 of 4 (the default: a quarter of the layers" in result.output
+    assert manifest_io.read(tmp_path / "b").exit_layer == 1
+
+
 def test_missing_source_is_a_clear_error(tmp_path):
     with pytest.raises(ModelSourceError, match="does not exist"):
         export(ExportConfig(source=tmp_path / "nope", exit_layer=1, output=tmp_path / "out"))
