@@ -167,6 +167,12 @@ def tiny_bundle(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def features_bundle(tmp_path_factory) -> Path:
+    """The tiny Llama exported with the features a feature head reads (`export --features`)."""
+    return export_tiny("llama", tmp_path_factory.mktemp("features"), head_features=True)
+
+
+@pytest.fixture(scope="session")
 def long_bundle(tmp_path_factory) -> Path:
     """The tiny Llama with a 4096-token context: generations long enough to cancel midway."""
     return export_tiny("llama", tmp_path_factory.mktemp("long"), max_context=4096)

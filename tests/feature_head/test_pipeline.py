@@ -47,11 +47,9 @@ def test_missing_data_is_one_line(tiny_model_dir, tmp_path):
     assert "--data" in result.output and "does not exist" in result.output and "Traceback" not in result.output
 
 
-def test_train_head_teacher_forces_with_the_bundles_graphs(tmp_path, conversations, monkeypatch):
-    from conftest import export_tiny
-
+def test_train_head_teacher_forces_with_the_bundles_graphs(features_bundle, tmp_path, conversations, monkeypatch):
     monkeypatch.setenv("SPECDEPLOY_CACHE", str(tmp_path / "cache"))
-    bundle = export_tiny("llama", tmp_path, head_features=True)
+    bundle = features_bundle
     args = ["train-head", str(bundle.parent / "llama-model"), "--data", str(conversations), "-o",
             str(tmp_path / "head"), "--tokens", "1000", "--steps", "4", "--draft-vocab", "48", "--held-out", "4",
             "--bundle", str(bundle)]

@@ -4,7 +4,6 @@ in one line."""
 import numpy as np
 import pytest
 
-from conftest import export_tiny
 from specdeploy.bundle import manifest as manifest_io
 from specdeploy.errors import ConfigError
 from specdeploy.feature_head.config import default_feature_layers
@@ -12,11 +11,6 @@ from specdeploy.feature_head.teachers import BundleTeacher, TorchTeacher, top_k
 
 pytestmark = pytest.mark.integration
 LAYERS = default_feature_layers(4)  # the tiny model's head reads (2, 2, 1)
-
-
-@pytest.fixture(scope="module")
-def features_bundle(tmp_path_factory):
-    return export_tiny("llama", tmp_path_factory.mktemp("teacher"), head_features=True)
 
 
 @pytest.mark.unit
