@@ -164,7 +164,7 @@ def choose_teacher(config: TrainHeadConfig, model, tokenizer, layers, echo):
 
     if config.bundle is None:
         echo(f"teacher: the PyTorch model (fp32, {config.device}); --bundle teacher-forces with an exported "
-             f"bundle's own graphs, an order of magnitude faster on a CPU")
+             f"bundle's own graphs (the distribution the head drafts against)")
         return (TorchTeacher(model, layers, config.device), torch_replies(model, tokenizer, config.reply_tokens,
                                                                           config.device), lambda: None)
     from ..runtime.engine import Engine
