@@ -7,6 +7,9 @@ from .constants import (DEFAULT_PREFILL_CHUNK, INT4_KERNEL_ALIASES, INT4_KERNELS
                         SOURCES)
 from .errors import ConfigError
 
+RESPONSE_FORMATS = ("text", "json_object", "json_schema", "lark")
+MAX_LOGPROBS = 20  # top alternatives a token's logprobs may list (OpenAI's limit)
+
 
 def check_ngram(ngram) -> tuple[int, int]:
     """A valid (min, max) lookup n-gram range, or ConfigError saying what is wrong."""
@@ -62,6 +65,7 @@ class SamplingParams:
     temperature: float = 0.0   # 0 means greedy
     top_k: int | None = None
     top_p: float | None = None
+    min_p: float | None = None  # drop tokens below min_p times the most likely one's probability
 
     def __post_init__(self):
         if not (0.0 <= self.temperature <= 100.0):
@@ -70,6 +74,8 @@ class SamplingParams:
             raise ConfigError(f"top_k={self.top_k} must be >= 1 (or unset)")
         if self.top_p is not None and not (0.0 < self.top_p <= 1.0):
             raise ConfigError(f"top_p={self.top_p} must be in (0, 1] (or unset)")
+        if self.min_p is not None and not (0.0 <= self.min_p <= 1.0):
+            raise ConfigError(f"min_p={self.min_p} must be in [0, 1] (or unset)")
 
     @property
     def greedy(self) -> bool:
@@ -77,9 +83,54 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class Penalties:
+    """Penalties on tokens already seen, applied to each row's logits from that row's own prefix.
+
+    repetition: Hugging Face's (CTRL's) multiplicative penalty over the prompt and the output
+    (1 is off; > 1 discourages repeats); presence / frequency: OpenAI's, subtracted once per token
+    seen in the output and once per occurrence (0 is off; -2..2)."""
+
+    repetition: float = 1.0
+    presence: float = 0.0
+    frequency: float = 0.0
+
+    def __post_init__(self):
+        if not (0.0 < self.repetition <= 10.0):
+            raise ConfigError(f"repetition_penalty={self.repetition} must be in (0, 10]; 1 is off")
+        for name, value in (("presence_penalty", self.presence), ("frequency_penalty", self.frequency)):
+            if not (-2.0 <= value <= 2.0):
+                raise ConfigError(f"{name}={value} must be in [-2, 2]; 0 is off")
+
+    @property
+    def active(self) -> bool:
+        return self.repetition != 1.0 or self.presence != 0.0 or self.frequency != 0.0
+
+
+@dataclass(frozen=True)
+class ResponseFormat:
+    """Output constrained to a grammar: "json_object" (any JSON object), "json_schema" (`schema`, a
+    JSON Schema as a dict) or "lark" (`grammar`, llguidance's Lark syntax)."""
+
+    type: str
+    schema: dict | None = None
+    grammar: str | None = None
+
+    def __post_init__(self):
+        if self.type not in RESPONSE_FORMATS:
+            raise ConfigError(f"response format '{self.type}' is unknown; pick one of {', '.join(RESPONSE_FORMATS)}")
+        if self.type == "json_schema" and not isinstance(self.schema, dict):
+            raise ConfigError("a json_schema response format needs 'schema': a JSON Schema object")
+        if self.type == "lark" and not (isinstance(self.grammar, str) and self.grammar.strip()):
+            raise ConfigError("a lark response format needs 'grammar': the grammar's text")
+
+
+@dataclass(frozen=True)
 class GenerationConfig:
+    """One generation's options. Sampling fields left None take the bundle's defaults (the model's
+    generation_config, recorded at export), else greedy decoding; temperature 0 is always greedy."""
+
     max_new_tokens: int = 128
-    temperature: float = 0.0
+    temperature: float | None = None
     top_k: int | None = None
     top_p: float | None = None
     seed: int | None = None
@@ -89,6 +140,12 @@ class GenerationConfig:
     draft_source: str | None = None       # None: the bundle's default
     lookup_ngram: tuple[int, int] | None = None  # (min, max) suffix lengths lookup matches; None: bundle's
     ignore_eos: bool = False
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: int | None = None           # None: none; 0: each token's own; k: and its k most likely
+    response_format: ResponseFormat | None = None
 
     def __post_init__(self):
         if not (1 <= self.max_new_tokens <= 1_000_000):
@@ -103,8 +160,8 @@ class GenerationConfig:
             object.__setattr__(self, "stop", (self.stop,))
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ConfigError("stop must be a list of non-empty strings")
-        _ = self.sampling  # constructing it validates temperature / top_k / top_p
-
-    @property
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(self.temperature, self.top_k, self.top_p)
+        if self.logprobs is not None and not (0 <= self.logprobs <= MAX_LOGPROBS):
+            raise ConfigError(f"logprobs={self.logprobs} must be in 0..{MAX_LOGPROBS} (or unset)")
+        SamplingParams(0.0 if self.temperature is None else self.temperature, self.top_k, self.top_p, self.min_p)
+        Penalties(1.0 if self.repetition_penalty is None else self.repetition_penalty,
+                  self.presence_penalty, self.frequency_penalty)

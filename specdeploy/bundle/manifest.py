@@ -34,6 +34,20 @@ class ModelInfo:
 
 
 @dataclass(frozen=True)
+class SamplingDefaults:
+    """The model's own sampling settings, recorded at export (its generation_config.json, a GGUF's
+    general.sampling.* keys, or export's options): what a generation uses where its caller says
+    nothing. `source` says where they came from."""
+
+    source: str
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+
+
+@dataclass(frozen=True)
 class GraphInfo:
     """One graph of the bundle: file, I/O names, and which layers' KV buffers it binds."""
 
@@ -76,6 +90,7 @@ class Manifest:
     feature_layers: tuple[int, ...] = ()      # layers whose input the graphs output, for a feature head
     feature_vocab: str | None = None          # .npy of the token ids the feature head's rows draft
     operators: tuple[str, ...] = ()           # specdeploy's own operators the graphs use (kernels/): "q4_0.v2"
+    sampling_defaults: SamplingDefaults | None = None  # the model's generation defaults (None: greedy)
     files: dict[str, FileRecord] = field(default_factory=dict)  # every bound file; filled in by write()
     schema_version: int = SCHEMA_VERSION
     format: str = FORMAT

@@ -10,7 +10,7 @@ import dataclasses
 import types
 import typing
 
-from ..config import check_ngram, check_num_draft_tokens, check_precision, check_source
+from ..config import Penalties, SamplingParams, check_ngram, check_num_draft_tokens, check_precision, check_source
 from ..errors import BundleError, ConfigError
 from . import io_names
 
@@ -139,6 +139,7 @@ def check(manifest) -> None:
     _agrees("num_draft_tokens", check_num_draft_tokens, manifest.num_draft_tokens)
     _agrees("draft_source", check_source, manifest.draft_source)
     _agrees("lookup_ngram", check_ngram, manifest.lookup_ngram)
+    _check_sampling_defaults(manifest.sampling_defaults)
     if manifest.max_context < 1:
         fail("max_context", f"must be >= 1, not {manifest.max_context}")
     for name in (io_names.DRAFT, io_names.VERIFY, io_names.HEAD):
@@ -151,3 +152,10 @@ def check(manifest) -> None:
         if manifest.graphs[name].kv_layers != layers:
             fail(f"graphs.{name}.kv_layers", f"must be {list(layers)} for exit layer {manifest.exit_layer}, "
                                              f"not {manifest.graphs[name].kv_layers}")
+
+
+def _check_sampling_defaults(defaults) -> None:
+    if defaults is None:
+        return
+    _agrees("sampling_defaults", lambda d: SamplingParams(d.temperature or 0.0, d.top_k, d.top_p, d.min_p), defaults)
+    _agrees("sampling_defaults", lambda d: Penalties(d.repetition_penalty or 1.0), defaults)

@@ -3,6 +3,13 @@
 The loop knows speculation and nothing about backends. Both caches are valid up to `valid`;
 `pending` is the last token sampled from the full model and not yet fed. Rejected draft rows stay
 in the KV buffers past the valid length and are overwritten by the next round: rollback is free.
+
+Prefix reuse: the KV rows a generation leaves stay valid for the tokens that made them (the
+model tracks how many rows no pass has overwritten since), so the next prompt is prefilled only
+from the first token where it differs. A row is bitwise the same whichever pass computed it, so
+the output is the output of a fresh prefill. One sequence is kept, in the buffers decoding uses
+anyway: no memory beyond them, and a multi-turn chat (the edge case: one user, one conversation)
+reuses all of its history.
 """
 from __future__ import annotations
 
@@ -17,6 +24,9 @@ from ..constants import DEFAULT_PREFILL_CHUNK, PLAIN
 from ..errors import ConfigError, ContextLengthError
 from .acceptance import accept_greedy, accept_sampled
 from .drafting import Draft, EarlyExitDrafter, HybridDrafter, LookupDrafter
+from .feature_drafting import SOURCE as FEATURE
+from .logprobs import TokenLogprob, token_logprobs
+from .processors import RowProcessor
 from .sampling import sample, warp
 from .settings import DecodeSettings, resolve
 from .split_model import SplitModel
@@ -30,13 +40,15 @@ class Emitted:
     tokens: tuple[int, ...]
     drafted: tuple[bool, ...]
     source: str
+    logprobs: tuple[TokenLogprob, ...] | None = None  # one a token, when the config asks for them
 
 
 class Decoder:
     def __init__(self, model: SplitModel, vocab_ids: np.ndarray | None = None,
                  confidence_threshold: float | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-                 feature_vocab: np.ndarray | None = None):
-        self.model = model
+                 feature_vocab: np.ndarray | None = None, bundle=None):
+        """`bundle`: the bundle's directory, whose tokenizer structured output reads."""
+        self.model, self.bundle = model, bundle
         self.prefill_chunk = min(prefill_chunk, model.max_rows)  # rows one prefill pass carries
         self.eos = set(model.manifest.model.eos_token_ids)
         early = EarlyExitDrafter(model, vocab_ids, confidence_threshold)
@@ -44,6 +56,8 @@ class Decoder:
         hybrid = HybridDrafter(lookup, early, probe_exit=model.manifest.exit_can_pay)
         self.drafters = {"early_exit": early, "lookup": lookup, "hybrid": hybrid}
         self.history = np.zeros(model.max_context + 1, np.int64)  # prompt + committed + pending
+        self.reuse = feature_vocab is None  # a feature head keeps KV rows of its own, not reused
+        self.grammars = None  # grammar.Grammars, made at the first constrained request
         if feature_vocab is not None:
             from .feature_drafting import SOURCE, FeatureDrafter
 
@@ -78,27 +92,48 @@ class Decoder:
             )
         return settings
 
-    def _next(self, logits: np.ndarray, params: SamplingParams, rng) -> int:
-        """Token from one full-model logits row [V]."""
+    def _first(self, logits: np.ndarray, processor: RowProcessor, params: SamplingParams, rng, top) -> Emitted:
+        """The first token, from the prompt's last logits row [1, V]."""
+        processed = processor.apply(logits, [])
         if params.greedy:
-            return int(logits.argmax())
-        return sample(warp(logits[None], params)[0], rng)
+            token = int(processed[0].argmax())
+        else:
+            token = sample(warp(processed, params)[0], rng)
+        processor.commit([token])
+        logprobs = None if top is None else tuple(token_logprobs(logits, [token], top))
+        return Emitted((token,), (False,), "prefill", logprobs)
+
+    def reusable(self, prompt: list[int]) -> int:
+        """Prompt tokens whose KV rows the buffers still hold; at least one token is prefilled, for its logits."""
+        if not self.reuse:
+            return 0
+        kept = self.history[: min(self.model.kept, len(prompt) - 1)]
+        differs = np.flatnonzero(kept != np.asarray(prompt[: len(kept)]))
+        return int(differs[0]) if len(differs) else len(kept)
+
+    def _prefill(self, prompt: list[int], stats: GenerationStats) -> np.ndarray:
+        """The prompt's last final hidden row [1, H], prefilled from the first row not kept."""
+        start = self.reusable(prompt)
+        self.history[: len(prompt)] = prompt
+        stats.cached_tokens = start
+        hidden = self.model.prefill(prompt, self.prefill_chunk, start)
+        self.model.kept = len(prompt)
+        return hidden
 
     def generate(self, prompt: list[int], config: GenerationConfig,
                  stats: GenerationStats | None = None) -> Iterator[Emitted]:
         """Yield committed tokens step by step; stops at EOS (not yielded) or max_new_tokens."""
         stats = stats if stats is not None else GenerationStats()
         settings, rng = self.check_fits(len(prompt), config), np.random.default_rng(config.seed)
+        processor = self._processor(settings, prompt)
         drafter = self.drafters[settings.draft_source]
         stats.prompt_tokens = len(prompt)
         began = time.perf_counter()
-        valid = len(prompt)
-        self.history[:valid] = prompt
-        hidden = self.model.prefill(prompt, self.prefill_chunk)  # [1, H]: the prompt's last row
-        pending = self._next(self.model.logits(hidden)[0], settings.sampling, rng)
+        hidden = self._prefill(prompt, stats)  # [1, H]: the prompt's last row
+        step = self._first(self.model.logits(hidden), processor, settings.sampling, rng, config.logprobs)
+        valid, pending = len(prompt), step.tokens[0]
         stats.prefill_s = stats.first_token_s = time.perf_counter() - began
         produced, started = 0, time.perf_counter()
-        step = Emitted((pending,), (False,), "prefill")
         while True:
             keep = self._trim(step, config, produced)
             produced += len(keep.tokens)
@@ -106,12 +141,40 @@ class Decoder:
             stats.decode_s = time.perf_counter() - started
             if keep.tokens:
                 yield keep
-            if len(keep.tokens) < len(step.tokens) or produced >= config.max_new_tokens:
+            if len(keep.tokens) < len(step.tokens) or produced >= config.max_new_tokens or processor.finished:
                 return
             self.history[valid] = pending
             room = config.max_new_tokens - produced - 1  # never draft past max_new_tokens
             drafts = min(settings.num_draft_tokens, room) if settings.speculative else 0
-            step, valid, pending = self._round(valid, pending, drafts, drafter, settings, rng, stats)
+            step, valid, pending = self._round(valid, pending, drafts, drafter, settings, rng, stats,
+                                               processor, config.logprobs)
+            self.model.kept = valid
+
+    def _processor(self, settings: DecodeSettings, prompt: list[int]) -> RowProcessor:
+        constraint = None
+        if settings.response_format is not None:
+            if self.grammars is None:
+                from .grammar import Grammars
+
+                if self.bundle is None:
+                    raise ConfigError("structured output needs the bundle's tokenizer: open the bundle with Engine")
+                self.grammars = Grammars(self.model.manifest, self.bundle)
+            constraint = self.grammars.constraint(settings.response_format)
+        return RowProcessor(settings.penalties, prompt, self.model.manifest.model.vocab_size, constraint)
+
+    def prompt_logprobs(self, prompt: list[int], top: int) -> list[TokenLogprob | None]:
+        """Each prompt token's log-probability given the tokens before it (None for the first), with
+        `top` alternatives. The prompt's KV rows are kept: a generation that follows reuses them."""
+        self.check_fits(len(prompt), GenerationConfig(max_new_tokens=1))
+        self.history[: len(prompt)] = prompt
+        out: list[TokenLogprob | None] = [None]
+        for start in range(0, len(prompt), self.prefill_chunk):
+            rows = prompt[start : start + self.prefill_chunk]
+            final = self.model.verify_pass(self.model.draft_pass(rows, start), start)   # [C, H]
+            nexts = prompt[start + 1 : start + 1 + len(rows)]
+            out += token_logprobs(self.model.logits(final[: len(nexts)]), nexts, top)  # [C, V] logits
+        self.model.kept = len(prompt)
+        return out
 
     def _trim(self, step: Emitted, config: GenerationConfig, produced: int) -> Emitted:
         """Cut a step at the first EOS (dropped) and at max_new_tokens."""
@@ -121,10 +184,11 @@ class Decoder:
                 if token in self.eos:
                     n = i
                     break
-        return Emitted(step.tokens[:n], step.drafted[:n], step.source)
+        logprobs = None if step.logprobs is None else step.logprobs[:n]
+        return Emitted(step.tokens[:n], step.drafted[:n], step.source, logprobs)
 
     def _round(self, valid: int, pending: int, num_draft_tokens: int, drafter, settings: DecodeSettings,
-               rng, stats):
+               rng, stats, processor: RowProcessor, top: int | None):
         """One round from `pending` at row `valid`: returns (emitted, new valid, new pending)."""
         history = self.history[: valid + 1]
         params = settings.sampling
@@ -132,9 +196,11 @@ class Decoder:
         draft = drafter.draft(history, pending, valid, num_draft_tokens, settings, rng) if num_draft_tokens else None
         if draft is None:  # plain step: speculation off, no room left, or nothing to look up
             draft = Draft([], None, self.model.draft_pass([pending], valid), PLAIN)
+        draft = _cut(draft, processor, params.greedy)
         drafted = time.perf_counter()
         final = self.model.verify_pass(draft.hidden, valid)  # [m+1, H]
-        target_logits = self.model.logits(final)           # [m+1, V]
+        raw = self.model.logits(final)                      # [m+1, V]
+        target_logits = processor.apply(raw, draft.tokens)  # [m+1, V] each row after its own prefix
         stats.draft_s += drafted - began
         stats.verify_s += time.perf_counter() - drafted
         if params.greedy:
@@ -142,9 +208,23 @@ class Decoder:
         else:
             accepted, token = accept_sampled(draft.tokens, draft.probs, warp(target_logits, params), rng)
         committed = draft.tokens[:accepted]
+        processor.commit([*committed, token])
         self.history[valid + 1 : valid + 1 + accepted] = committed
         stats.record_round(draft.source, len(draft.tokens), accepted)
         if params.greedy:  # what drafters time prices greedy choices only: sampled rounds also warp
             drafter.observe(draft, accepted, time.perf_counter() - began)
-        emitted = Emitted((*committed, token), (True,) * accepted + (False,), draft.source)
+        logprobs = None if top is None else tuple(token_logprobs(raw[: accepted + 1], [*committed, token], top))
+        emitted = Emitted((*committed, token), (True,) * accepted + (False,), draft.source, logprobs)
         return emitted, valid + accepted + 1, token
+
+
+def _cut(draft: Draft, processor: RowProcessor, greedy: bool) -> Draft:
+    """The draft up to its first token the grammar forbids, which could never be accepted. Only
+    where cutting keeps the result exact: greedy, or a copied (one-hot) draft when sampling; a
+    sampled distribution's draws stay, for rejection sampling against the masked rows to judge. A
+    feature head's draft stays whole: its head reads the features of the rows its draft pass wrote."""
+    keep = processor.allowed(draft.tokens)
+    if keep == len(draft.tokens) or draft.source == FEATURE or not (greedy or draft.probs is None):
+        return draft
+    probs = None if draft.probs is None else draft.probs[:keep]
+    return Draft(draft.tokens[:keep], probs, draft.hidden[: keep + 1], draft.source, draft.match)

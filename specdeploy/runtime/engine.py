@@ -18,6 +18,7 @@ from ..constants import DEFAULT_BACKEND, DEFAULT_PREFILL_CHUNK
 from ..errors import ConfigError
 from . import row_check
 from .decoder import Decoder
+from .logprobs import TokenLogprob
 from .settings import DecodeSettings
 from .split_model import SplitModel
 from .stats import GenerationStats
@@ -26,11 +27,14 @@ from .tokenizer import StreamDecoder, Tokenizer, encode_plain
 
 @dataclass(frozen=True)
 class Piece:
-    """A streamed text delta; `drafted` is True when its token was an accepted draft."""
+    """A streamed text delta; `drafted` is True when its token was an accepted draft. `logprobs`
+    (when asked for) has one entry for each token since the last piece: a token whose bytes do not
+    yet end a character, or that a stop string may still claim, shows its text in a later piece."""
 
     text: str
     token: int | None
     drafted: bool
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass
@@ -62,7 +66,7 @@ class Engine:
                 raise
         vocab = np.load(self.bundle / m.draft_vocab) if m.draft_vocab else None
         feature_vocab = np.load(self.bundle / m.feature_vocab) if m.feature_vocab else None
-        self.decoder = Decoder(self.model, vocab, m.confidence_threshold, prefill_chunk, feature_vocab)
+        self.decoder = Decoder(self.model, vocab, m.confidence_threshold, prefill_chunk, feature_vocab, self.bundle)
 
     def encode_prompt(self, prompt) -> list[int]:
         """Token ids of a plain string, or of chat messages rendered with the chat template."""
@@ -91,18 +95,22 @@ class Engine:
         """Text pieces for already encoded prompt ids (see `stream`)."""
         stats = stats if stats is not None else GenerationStats()
         detok, stops = StreamDecoder(self.tokenizer), _StopFilter(config.stop)
+        held: list[TokenLogprob] = []  # logprobs of tokens not yet in a piece
         for step in self.decoder.generate(ids, config, stats):
-            for token, drafted in zip(step.tokens, step.drafted):
+            for i, (token, drafted) in enumerate(zip(step.tokens, step.drafted)):
                 text = stops.feed(detok.push([token]))
+                if step.logprobs is not None:
+                    held.append(step.logprobs[i])
                 if text:
-                    yield Piece(text, token, drafted)
+                    yield Piece(text, token, drafted, tuple(held))
+                    held = []
                 if stops.stopped:
                     stats.finish_reason = "stop"
                     return
         stats.finish_reason = "length" if stats.generated_tokens >= config.max_new_tokens else "stop"
         tail = stops.feed(detok.flush()) + stops.flush()
-        if tail:
-            yield Piece(tail, None, False)
+        if tail or held:
+            yield Piece(tail, None, False, tuple(held))
 
     def generate(self, prompt, config: GenerationConfig | None = None, **options) -> Result:
         config = config or GenerationConfig(**options)
@@ -119,6 +127,11 @@ class Engine:
         for step in self.decoder.generate(list(prompt_ids), config, stats):
             out.extend(step.tokens)
         return out
+
+    def prompt_logprobs(self, ids: list[int], top: int = 0) -> list[TokenLogprob | None]:
+        """Each prompt token's log-probability given the ones before it (None for the first), with its
+        `top` most likely alternatives: what a loglikelihood evaluation scores."""
+        return self.decoder.prompt_logprobs(list(ids), top)
 
     def close(self) -> None:
         self.model.close()

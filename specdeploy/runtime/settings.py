@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..bundle.manifest import Manifest
-from ..config import GenerationConfig, SamplingParams
+from ..bundle.manifest import Manifest, SamplingDefaults
+from ..config import GenerationConfig, Penalties, ResponseFormat, SamplingParams
 from ..constants import PLAIN
 
 
@@ -21,6 +21,8 @@ class DecodeSettings:
     draft_source: str             # a source from constants.SOURCES (used when speculative)
     lookup_ngram: tuple[int, int]
     sampling: SamplingParams
+    penalties: Penalties = Penalties()
+    response_format: ResponseFormat | None = None
 
     @property
     def label(self) -> str:
@@ -35,5 +37,25 @@ def resolve(config: GenerationConfig, manifest: Manifest) -> DecodeSettings:
         num_draft_tokens=config.num_draft_tokens or manifest.num_draft_tokens,
         draft_source=config.draft_source or manifest.draft_source,
         lookup_ngram=config.lookup_ngram or manifest.lookup_ngram,
-        sampling=config.sampling,
+        sampling=sampling(config, manifest.sampling_defaults or SamplingDefaults("none")),
+        penalties=Penalties(_either(config.repetition_penalty, manifest.sampling_defaults, "repetition_penalty", 1.0),
+                            config.presence_penalty, config.frequency_penalty),
+        response_format=None if config.response_format is None or config.response_format.type == "text"
+        else config.response_format,
     )
+
+
+def _either(value, defaults: SamplingDefaults | None, name: str, otherwise=None):
+    """The caller's value, else the bundle's default, else `otherwise`."""
+    if value is not None:
+        return value
+    default = getattr(defaults, name) if defaults is not None else None
+    return otherwise if default is None else default
+
+
+def sampling(config: GenerationConfig, defaults: SamplingDefaults) -> SamplingParams:
+    """Temperature, top-k, top-p and min-p: each the caller's, else the model's default; greedy
+    where neither gives a temperature."""
+    return SamplingParams(_either(config.temperature, defaults, "temperature", 0.0),
+                          _either(config.top_k, defaults, "top_k"), _either(config.top_p, defaults, "top_p"),
+                          _either(config.min_p, defaults, "min_p"))

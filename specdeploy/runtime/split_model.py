@@ -28,6 +28,7 @@ class SplitModel:
         self._ones = np.ones((1, self.max_context), dtype=np.int64)            # [1, N]
         self._write_index = np.zeros(1, dtype=np.int64)                        # [1]
         self._ids = np.zeros((1, self.max_context), dtype=np.int64)            # [1, N]
+        self.kept = 0  # KV rows [0, kept) hold the decoder's history: no pass has written there since
         self.outputs: dict[str, dict] = {}  # each decoder graph's last outputs (views until its next pass)
         self.after_verify = None  # called with (start, rows) after each verify pass (a feature head's drafter)
         width = (self.max_rows, len(manifest.feature_layers), manifest.model.hidden_size)
@@ -40,6 +41,7 @@ class SplitModel:
                 f"{self.max_context}; shorten the prompt or max_tokens, or re-export with a larger --max-context"
             )
         self._write_index[0] = start
+        self.kept = min(self.kept, start)  # this pass writes rows [start, start + rows)
         return {
             io_names.POSITION_IDS: self._positions[:, start : start + rows],
             io_names.WRITE_INDEX: self._write_index,
@@ -86,8 +88,9 @@ class SplitModel:
         out = self.stages[io_names.FEATURE_HEAD].run(feeds)
         return out[io_names.LOGITS][0], out[io_names.HIDDEN_OUT][0]
 
-    def prefill(self, tokens, chunk: int) -> np.ndarray:
-        """Both graphs over the prompt in passes of at most `chunk` rows: the last row's final hidden [1, H].
+    def prefill(self, tokens, chunk: int, start: int = 0) -> np.ndarray:
+        """Both graphs over the prompt's rows [start, len) in passes of at most `chunk` rows (the rows
+        before `start` are in the KV buffers already): the last row's final hidden [1, H].
 
         A pass's activations grow with its rows times the context (attention scores, the MLP's
         intermediate), so one pass over a long prompt sets the process's peak memory; chunks bound
@@ -95,9 +98,9 @@ class SplitModel:
         the committed context, and a backend built for fewer rows (TensorRT profiles) still takes a
         prompt longer than its largest profile.
         """
-        for start in range(0, len(tokens), chunk):
-            rows = tokens[start : start + chunk]
-            hidden = self.verify_pass(self.draft_pass(rows, start), start)  # [C, H]
+        for first in range(start, len(tokens), chunk):
+            rows = tokens[first : first + chunk]
+            hidden = self.verify_pass(self.draft_pass(rows, first), first)  # [C, H]
         return hidden[-1:]
 
     def logits(self, hidden: np.ndarray) -> np.ndarray:

@@ -15,6 +15,7 @@ def add_positions(into: list[list[int]], counts: list[list[int]]) -> None:
 @dataclass
 class GenerationStats:
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV rows an earlier generation left (prefix reuse)
     generated_tokens: int = 0
     rounds: int = 0
     drafted: int = 0
@@ -98,6 +99,7 @@ class GenerationStats:
     def to_dict(self) -> dict:
         return {
             "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
             "generated_tokens": self.generated_tokens,
             "rounds": self.rounds,
             "draft_tokens": self.drafted,
