@@ -373,13 +373,18 @@ def build_engines_command(bundle, max_draft_tokens, max_prompt, workspace_mb):
 @click.option("--model-name", default=None, help="Model id reported by /v1/models (default: the bundle's).")
 @click.option("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK, show_default=True,
               help="Most prompt rows one prefill pass carries; lower it to bound a long prompt's peak memory.")
+@click.option("--api-key", envvar="SPECDEPLOY_API_KEY", default=None,
+              help="Answer 401 unless a request sends 'Authorization: Bearer KEY' (or set SPECDEPLOY_API_KEY).")
+@click.option("--cors-origin", "cors_origins", multiple=True,
+              help="Let browser pages from this origin call the API (repeatable; '*' for any). Off by default.")
 @_backend_options
-def serve(bundle, host, port, max_queue, model_name, prefill_chunk, provider, backend):
+def serve(bundle, host, port, max_queue, model_name, prefill_chunk, api_key, cors_origins, provider, backend):
     """Serve BUNDLE over an OpenAI-compatible HTTP API with a playground at /."""
     from .serve.server import ServeConfig, serve as run_server
 
     config = ServeConfig(bundle=bundle, host=host, port=port, max_queue=max_queue, model_name=model_name,
-                         provider=provider, backend=backend, prefill_chunk=prefill_chunk)
+                         provider=provider, backend=backend, prefill_chunk=prefill_chunk, api_key=api_key,
+                         cors_origins=tuple(cors_origins))
     run_server(config, ready=lambda: click.echo(f"serving {bundle} on http://{host}:{port} "
                                                 f"(playground at /, API at /v1)"))
 

@@ -90,6 +90,8 @@ class Decoder:
                 f"verify pass, more than the {self.model.max_rows} the engines were built for; lower it or "
                 f"rebuild them with 'specdeploy build-engines BUNDLE --max-prompt {settings.num_draft_tokens + 1}'"
             )
+        if settings.response_format is not None:
+            self._grammars().constraint(settings.response_format)  # compiles: a bad schema is refused now
         return settings
 
     def _first(self, logits: np.ndarray, processor: RowProcessor, params: SamplingParams, rng, top) -> Emitted:
@@ -150,16 +152,18 @@ class Decoder:
                                                processor, config.logprobs)
             self.model.kept = valid
 
-    def _processor(self, settings: DecodeSettings, prompt: list[int]) -> RowProcessor:
-        constraint = None
-        if settings.response_format is not None:
-            if self.grammars is None:
-                from .grammar import Grammars
+    def _grammars(self):
+        if self.grammars is None:
+            from .grammar import Grammars
 
-                if self.bundle is None:
-                    raise ConfigError("structured output needs the bundle's tokenizer: open the bundle with Engine")
-                self.grammars = Grammars(self.model.manifest, self.bundle)
-            constraint = self.grammars.constraint(settings.response_format)
+            if self.bundle is None:
+                raise ConfigError("structured output needs the bundle's tokenizer: open the bundle with Engine")
+            self.grammars = Grammars(self.model.manifest, self.bundle)
+        return self.grammars
+
+    def _processor(self, settings: DecodeSettings, prompt: list[int]) -> RowProcessor:
+        fmt = settings.response_format
+        constraint = None if fmt is None else self._grammars().constraint(fmt)
         return RowProcessor(settings.penalties, prompt, self.model.manifest.model.vocab_size, constraint)
 
     def prompt_logprobs(self, prompt: list[int], top: int) -> list[TokenLogprob | None]:

@@ -53,8 +53,12 @@ class Grammars:
         self.llg = _llguidance()
         text = _tokenizer_json(Path(bundle) / manifest.tokenizer)
         self.vocab_size = manifest.model.vocab_size
-        self.tokenizer = self.llg.LLTokenizer(text, n_vocab=self.vocab_size,
-                                              eos_token=list(manifest.model.eos_token_ids))
+        try:
+            self.tokenizer = self.llg.LLTokenizer(text, n_vocab=self.vocab_size,
+                                                  eos_token=list(manifest.model.eos_token_ids))
+        except ValueError as exc:
+            raise ConfigError(f"structured output cannot read this model's tokenizer ({exc}); "
+                              f"llguidance reads byte-level BPE and SentencePiece tokenizers") from None
 
     def grammar(self, fmt: ResponseFormat) -> str:
         """llguidance's grammar text for a response format."""

@@ -23,6 +23,10 @@ class Tokenizer:
     def decode(self, ids) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)
 
+    def token_text(self, token: int) -> str:
+        """One token's own text, special tokens included (what logprobs name it by)."""
+        return self._tok.decode([token], skip_special_tokens=False)
+
     def apply_chat_template(self, messages: list[dict]) -> str:
         """Render chat messages with the model's own template, ready for the assistant's turn."""
         if not self.chat_template:

@@ -14,6 +14,8 @@ from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, S
 from starlette.routing import Route
 
 from ..errors import SpecDeployError
+from . import access
+from . import logprobs as logprobs_format
 from .metrics import Metrics
 from .schemas import Request, RequestError, parse
 from .worker import DONE, Job, QueueFull, Worker
@@ -41,14 +43,26 @@ def speculative_fields(stats, source: str) -> dict:
 
 
 class Server:
-    def __init__(self, engine, model_name: str, max_queue: int = 8):
+    def __init__(self, engine, model_name: str, max_queue: int = 8, api_key: str | None = None,
+                 cors_origins: tuple[str, ...] = ()):
         self.engine, self.model_name = engine, model_name
+        self.api_key, self.cors_origins = api_key, cors_origins
         self.metrics = Metrics()
         self.worker = Worker(engine, max_queue, on_finish=lambda job: self.metrics.generation(job.stats))
 
     def _usage(self, stats) -> dict:
         return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated_tokens,
-                "total_tokens": stats.prompt_tokens + stats.generated_tokens}
+                "total_tokens": stats.prompt_tokens + stats.generated_tokens,
+                "prompt_tokens_details": {"cached_tokens": stats.cached_tokens}}
+
+    def _ids(self, prompt) -> list[int]:
+        """Token ids of a prompt: ids as given (checked against the vocabulary), else encoded."""
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+            vocab = self.engine.manifest.model.vocab_size
+            if max(prompt) >= vocab:
+                raise RequestError(f"'prompt' holds token id {max(prompt)}, past this model's vocabulary of {vocab}")
+            return prompt
+        return self.engine.encode_prompt(prompt)
 
     def _source(self, req: Request) -> str:
         return self.engine.settings(req.config).label
@@ -59,7 +73,7 @@ class Server:
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise RequestError(f"the request body is not valid JSON ({exc})") from None
         req = parse(body, chat, self.engine.manifest.max_context)
-        ids = self.engine.encode_prompt(req.prompt)
+        ids = self._ids(req.prompt)
         if not req.max_tokens_given:  # default: as much as fits, up to the default
             room = max(1, self.engine.manifest.max_context - len(ids))
             config = dataclasses.replace(req.config, max_new_tokens=min(req.config.max_new_tokens, room))
@@ -81,7 +95,8 @@ class Server:
             self.metrics.request(endpoint, 400)
             self.metrics.error("invalid_request")
             return error(400, str(exc))
-        job = Job(ids, req.config, asyncio.get_running_loop())
+        job = Job(ids, req.config, asyncio.get_running_loop(), generate=req.generate,
+                  prompt_top=req.config.logprobs if req.echo and req.config.logprobs is not None else None)
         try:
             self.worker.submit(job)
         except QueueFull:
@@ -112,24 +127,51 @@ class Server:
 
     async def _complete(self, job: Job, req: Request, meta: dict):
         try:
-            text = "".join([p.text async for p in self._pieces(job)])
+            pieces = [p async for p in self._pieces(job)]
         except Exception as exc:
             return error(500, f"generation failed: {exc}", "server_error")
+        text = "".join(p.text for p in pieces)
+        entries = [e for p in pieces for e in p.logprobs]
         finish = job.stats.finish_reason
         if req.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
+                      "logprobs": self._chat_logprobs(req, entries)}
         else:
-            choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+            choice = self._completion_choice(job, req, text, entries)
         obj = "chat.completion" if req.chat else "text_completion"
         return JSONResponse({**meta, "object": obj, "choices": [choice], "usage": self._usage(job.stats),
                              **speculative_fields(job.stats, self._source(req))})
 
-    def _chunk(self, req: Request, meta: dict, text: str | None, drafted=None, finish=None) -> dict:
+    def _chat_logprobs(self, req: Request, entries) -> dict | None:
+        if req.config.logprobs is None:
+            return None
+        return logprobs_format.chat(entries, self.engine.tokenizer.token_text)
+
+    def _completion_choice(self, job: Job, req: Request, text: str, entries) -> dict:
+        """A completions choice; with echo, the prompt's text and logprobs come first."""
+        token_text = self.engine.tokenizer.token_text
+        prompt_text = ""
+        if req.echo:
+            prompt_text = req.prompt if isinstance(req.prompt, str) else "".join(map(token_text, job.ids))
+        logprobs = None
+        if req.config.logprobs is not None:
+            generated = [e.token for e in entries]
+            tokens, scored = (job.ids, job.prompt_logprobs) if req.echo else ([], [])
+            logprobs = logprobs_format.completion([*tokens, *generated], [*scored, *entries], token_text)
+        return {"index": 0, "text": prompt_text + text, "finish_reason": job.stats.finish_reason,
+                "logprobs": logprobs}
+
+    def _chunk(self, req: Request, meta: dict, text: str | None, drafted=None, finish=None, entries=()) -> dict:
         if req.chat:
             delta = {} if text is None else {"content": text}
-            choice = {"index": 0, "delta": delta, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta, "finish_reason": finish,
+                      "logprobs": self._chat_logprobs(req, entries) if entries else None}
         else:
-            choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+            logprobs = None
+            if entries and req.config.logprobs is not None:
+                logprobs = logprobs_format.completion([e.token for e in entries], entries,
+                                                      self.engine.tokenizer.token_text)
+            choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
         if drafted is not None:
             choice["drafted"] = drafted  # accepted draft token (True) or verifier token (False)
         return {**meta, "object": "chat.completion.chunk" if req.chat else "text_completion", "choices": [choice]}
@@ -144,7 +186,7 @@ class Server:
             yield sse(first)
         try:
             async for piece in self._pieces(job):
-                yield sse(self._chunk(req, meta, piece.text, piece.drafted))
+                yield sse(self._chunk(req, meta, piece.text, piece.drafted, entries=piece.logprobs))
         except Exception as exc:
             yield sse({"error": {"message": f"generation failed: {exc}", "type": "server_error"}})
             yield "data: [DONE]\n\n"
@@ -181,7 +223,11 @@ class Server:
             return error(405, f"{http.method} is not allowed on {http.url.path}")
         return error(status, "server error", "server_error")
 
-    def app(self) -> Starlette:
+    def app(self):
+        """The ASGI application: the routes behind the API key and CORS, where configured."""
+        return access.wrap(self.routes(), self.api_key, self.cors_origins)
+
+    def routes(self) -> Starlette:
         routes = [
             Route("/", self.playground),
             Route("/health", self.health),

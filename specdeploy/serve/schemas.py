@@ -3,13 +3,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import GenerationConfig
+from ..config import MAX_LOGPROBS, GenerationConfig, ResponseFormat
 from ..constants import MAX_DRAFT_TOKENS, SOURCES
 from ..errors import ConfigError
 
-UNSUPPORTED = ("logprobs", "top_logprobs", "best_of", "echo", "suffix", "tools", "tool_choice",
-               "functions", "function_call", "logit_bias", "response_format", "n_probs")
-ZERO_ONLY = ("frequency_penalty", "presence_penalty")
+UNSUPPORTED = ("best_of", "suffix", "tools", "tool_choice", "functions", "function_call", "logit_bias", "n_probs")
 IGNORED = ("model", "user", "stream_options", "parallel_tool_calls", "store", "metadata")
 
 
@@ -19,11 +17,13 @@ class RequestError(ConfigError):
 
 @dataclass(frozen=True)
 class Request:
-    prompt: object            # str or list of chat messages
+    prompt: object            # str, token ids, or a list of chat messages
     config: GenerationConfig
     stream: bool
     chat: bool
     max_tokens_given: bool = True
+    echo: bool = False        # completions: the prompt's text (and logprobs) before the output
+    generate: bool = True     # False: max_tokens 0 with echo, the prompt's logprobs alone
 
 
 def _typed(body: dict, name: str, kinds, default=None, check=None, hint: str = ""):
@@ -39,20 +39,44 @@ def _typed(body: dict, name: str, kinds, default=None, check=None, hint: str = "
     return value
 
 
+def _content(content) -> str:
+    """A message's text: a string, or OpenAI's list of content parts (text parts only)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content:
+        texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        if len(texts) == len(content) and all(isinstance(t, str) for t in texts):
+            return "".join(texts)
+    raise RequestError("each message's 'content' must be a string or a list of {\"type\": \"text\", \"text\": ...} "
+                       "parts (this model reads text only)")
+
+
+def _messages(body: dict) -> list[dict]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("'messages' is required: a non-empty list of {role, content} objects")
+    if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+        raise RequestError("each message needs a string 'role' and a string 'content'")
+    return [{**m, "content": _content(m.get("content"))} for m in messages]
+
+
+def _is_ids(value) -> bool:
+    return (isinstance(value, list) and bool(value)
+            and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value))
+
+
 def _prompt(body: dict, chat: bool):
     if chat:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise RequestError("'messages' is required: a non-empty list of {role, content} objects")
-        for m in messages:
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise RequestError("each message needs a string 'role' and a string 'content'")
-        return messages
+        return _messages(body)
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
+    if isinstance(prompt, list) and len(prompt) == 1 and (isinstance(prompt[0], str) or _is_ids(prompt[0])):
+        prompt = prompt[0]  # a batch of one
+    if _is_ids(prompt):
+        return list(prompt)
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
+        raise RequestError("'prompt' holds several prompts; this server takes one prompt per request")
     if not isinstance(prompt, str) or not prompt:
-        raise RequestError("'prompt' is required: a non-empty string")
+        raise RequestError("'prompt' is required: a non-empty string or a list of token ids")
     return prompt
 
 
@@ -66,26 +90,69 @@ def _stop(body: dict) -> tuple[str, ...]:
     return tuple(stops)
 
 
+def _response_format(body: dict) -> ResponseFormat | None:
+    """OpenAI's response_format: {"type": "text" | "json_object" | "json_schema", "json_schema": {...}}."""
+    fmt = body.get("response_format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+        raise RequestError("'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                           "{\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}}")
+    if fmt["type"] != "json_schema":
+        return ResponseFormat(fmt["type"])
+    spec = fmt.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+        raise RequestError("'response_format.json_schema.schema' must be a JSON Schema object")
+    return ResponseFormat("json_schema", schema=spec["schema"])
+
+
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """Alternatives a token's logprobs list, or None for no logprobs. Chat: logprobs (bool) and
+    top_logprobs (0..20); completions: logprobs (0..20) as the legacy API."""
+    if chat:
+        wanted = _typed(body, "logprobs", bool, False, None, "true or false")
+        top = _typed(body, "top_logprobs", int, None, lambda v: 0 <= v <= MAX_LOGPROBS, f"0..{MAX_LOGPROBS}")
+        if top is not None and not wanted:
+            raise RequestError("'top_logprobs' needs 'logprobs': true")
+        return (top or 0) if wanted else None
+    return _typed(body, "logprobs", int, None, lambda v: 0 <= v <= MAX_LOGPROBS, f"0..{MAX_LOGPROBS}")
+
+
+def _max_tokens(body: dict, chat: bool, max_context: int, default: int) -> tuple[int | None, bool]:
+    """(max_tokens, given): chat's max_completion_tokens wins over max_tokens; 0 only with echo."""
+    name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    low = 0 if (not chat and body.get("echo") is True) else 1
+    value = _typed(body, name, int, None, lambda v: low <= v <= max_context, f"{low}..{max_context}")
+    return (min(default, max_context) if value is None else value), value is not None
+
+
+def _number(body: dict, name: str, low: float, high: float, default=None):
+    value = _typed(body, name, (int, float), default, lambda v: low <= v <= high, f"{low:g}..{high:g}")
+    return None if value is None else float(value)
+
+
 def parse(body, chat: bool, max_context: int, default_max_tokens: int = 256) -> Request:
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
     for name in UNSUPPORTED:
         if body.get(name) not in (None, False, 0):
             raise RequestError(f"'{name}' is not supported by this server; remove it")
-    for name in ZERO_ONLY:
-        if body.get(name) not in (None, 0, 0.0):
-            raise RequestError(f"'{name}' is not supported (only 0); remove it")
     prompt = _prompt(body, chat)
     if _typed(body, "n", int, 1, lambda v: True, "an integer") != 1:
         raise RequestError("'n' must be 1: this server returns one choice per request")
     top_k = _typed(body, "top_k", int, None, lambda v: v >= -1, "an integer >= -1 (0 or -1 disables)")
+    max_tokens, given = _max_tokens(body, chat, max_context, default_max_tokens)
+    echo = not chat and _typed(body, "echo", bool, False, None, "true or false")
     try:
         config = GenerationConfig(
-            max_new_tokens=_typed(body, "max_tokens", int, min(default_max_tokens, max_context),
-                                  lambda v: 1 <= v <= max_context, f"1..{max_context}"),
-            temperature=float(_typed(body, "temperature", (int, float), 1.0, lambda v: 0 <= v <= 2, "0..2")),
+            max_new_tokens=max(1, max_tokens),
+            temperature=_number(body, "temperature", 0, 2),
             top_p=_typed(body, "top_p", (int, float), None, lambda v: 0 < v <= 1, "(0, 1]"),
             top_k=top_k if top_k and top_k > 0 else None,
+            min_p=_number(body, "min_p", 0, 1),
+            repetition_penalty=_number(body, "repetition_penalty", 0.01, 10),
+            presence_penalty=_number(body, "presence_penalty", -2, 2, 0.0),
+            frequency_penalty=_number(body, "frequency_penalty", -2, 2, 0.0),
             seed=_typed(body, "seed", int, None, lambda v: 0 <= v < 2**63, "0..2^63-1"),
             stop=_stop(body),
             speculative=_typed(body, "speculative", bool, None, None, "true or false"),
@@ -94,10 +161,14 @@ def parse(body, chat: bool, max_context: int, default_max_tokens: int = 256) -> 
             draft_source=_typed(body, "draft_source", str, None, lambda v: v in SOURCES, ", ".join(SOURCES)),
             lookup_ngram=_typed(body, "lookup_ngram", list, None, None, "[min, max], e.g. [2, 4]"),
             ignore_eos=_typed(body, "ignore_eos", bool, False, None, "true or false"),
+            logprobs=_logprobs(body, chat),
+            response_format=_response_format(body),
         )
     except RequestError:
         raise
     except ConfigError as exc:
         raise RequestError(str(exc)) from None
     stream = _typed(body, "stream", bool, False, None, "true or false")
-    return Request(prompt, config, stream, chat, body.get("max_tokens") is not None)
+    if stream and not max_tokens:
+        raise RequestError("'max_tokens': 0 (the prompt's logprobs alone) cannot be streamed; set 'stream': false")
+    return Request(prompt, config, stream, chat, given, echo, max_tokens > 0)

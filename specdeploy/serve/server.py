@@ -21,8 +21,12 @@ class ServeConfig:
     model_name: str | None = None
     shutdown_timeout_s: int = 10
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+    api_key: str | None = None              # None: no key asked for
+    cors_origins: tuple[str, ...] = ()      # browser origins allowed to call the API; () : CORS off
 
     def __post_init__(self):
+        if self.api_key is not None and (not self.api_key.strip() or any(c.isspace() for c in self.api_key)):
+            raise ConfigError("--api-key must be a non-empty key without spaces")
         if not (0 <= self.port <= 65535):
             raise ConfigError(f"port={self.port} must be in 0..65535")
         if self.max_queue < 1:
@@ -58,7 +62,7 @@ def serve(config: ServeConfig, ready: Callable[[], None] = lambda: None) -> None
     engine = Engine(config.bundle, backend=config.backend, provider=config.provider,
                     prefill_chunk=config.prefill_chunk)
     name = config.model_name or engine.manifest.model.name
-    server = Server(engine, name, config.max_queue)
+    server = Server(engine, name, config.max_queue, config.api_key, config.cors_origins)
     ready()
 
     class _Uvicorn(uvicorn.Server):

@@ -27,6 +27,9 @@ class Job:
     output: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
     stats: GenerationStats = field(default_factory=GenerationStats)
+    prompt_top: int | None = None   # score the prompt first (echo with logprobs): alternatives a token
+    generate: bool = True           # False: the prompt's logprobs alone (max_tokens 0)
+    prompt_logprobs: list | None = None  # filled in before any piece is sent
 
 
 DONE = object()
@@ -90,7 +93,11 @@ class Worker:
             if job.cancel.is_set():  # its client left while it waited
                 job.stats.finish_reason = "cancelled"
             else:
-                for piece in self.engine.stream_ids(job.ids, job.config, job.stats):
+                if job.prompt_top is not None:
+                    job.prompt_logprobs = self.engine.prompt_logprobs(job.ids, job.prompt_top)
+                    job.stats.prompt_tokens = len(job.ids)
+                pieces = self.engine.stream_ids(job.ids, job.config, job.stats) if job.generate else ()
+                for piece in pieces:
                     if job.cancel.is_set():
                         job.stats.finish_reason = "cancelled"
                         break
