@@ -177,11 +177,15 @@ def _ngram_option(default=DEFAULT_LOOKUP_NGRAM, purpose="recorded as the default
 @click.option("--features", "head_features", is_flag=True,
               help="Also output the residual stream a feature head reads (its default three layers), so that "
                    "`train-head --bundle` can teacher-force with this bundle's own graphs.")
+@click.option("--sampling", "sampling", multiple=True, metavar="KEY=VALUE",
+              help="A sampling default to record over the model's own (temperature, top_k, top_p, min_p, "
+                   "repetition_penalty); used where a request says nothing. Repeatable.")
 def export(model, exit_layer, num_draft_tokens, max_context, output, draft_source, lookup_ngram, calibrate, precision,
            draft_precision, verify_precision, method, int4_kernel, prompts_file, no_validate, backend, opset,
-           feature_head, head_features):
+           feature_head, head_features, sampling):
     """Split MODEL (Hugging Face directory or .gguf) into a bundle of draft/verify graphs."""
     from .export import ExportConfig, export as run_export
+    from .export.sampling_defaults import parse_options as parse_sampling
 
     config = ExportConfig(
         source=model, exit_layer=QUARTER_EXIT if exit_layer is None else _int_or_auto(exit_layer, "--exit-layer"),
@@ -190,6 +194,7 @@ def export(model, exit_layer, num_draft_tokens, max_context, output, draft_sourc
         calibrate=calibrate, precision=precision, validate=not no_validate, prompts_file=prompts_file,
         draft_precision=draft_precision, verify_precision=verify_precision, method=method, backend=backend,
         opset=int(opset), feature_head=feature_head, int4_kernel=int4_kernel, head_features=head_features,
+        sampling=parse_sampling(sampling),
     )
     click.echo(f"bundle written to {run_export(config, echo=click.echo)}")
 
@@ -253,10 +258,13 @@ def train_head_command(model, data, output, tokens, steps, draft_vocab, intermed
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.argument("prompt")
 @click.option("--max-tokens", "--max-new-tokens", "max_tokens", default=128, show_default=True)
-@click.option("--temperature", default=0.0, show_default=True, help="0 is greedy.")
+@click.option("--temperature", type=float, default=None,
+              help="0 is greedy. Default: the bundle's sampling defaults (the model's own), else greedy.")
 @click.option("--greedy", is_flag=True, help="Same as --temperature 0.")
 @click.option("--top-k", type=int, default=None)
 @click.option("--top-p", type=float, default=None)
+@click.option("--min-p", type=float, default=None)
+@click.option("--repetition-penalty", type=float, default=None, help="> 1 discourages repeats (1 is off).")
 @click.option("--seed", type=int, default=None)
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--speculative/--plain", " /--no-speculation", default=None,
@@ -266,15 +274,15 @@ def train_head_command(model, data, output, tokens, steps, draft_vocab, intermed
 @_ngram_option(default=None, purpose="overriding the bundle's range")
 @click.option("--chat/--raw", default=True, show_default=True, help="Wrap PROMPT in the chat template.")
 @_backend_options
-def generate(bundle, prompt, max_tokens, temperature, greedy, top_k, top_p, seed, stop, speculative,
-             num_draft_tokens, draft_source, lookup_ngram, chat, provider, backend):
+def generate(bundle, prompt, max_tokens, temperature, greedy, top_k, top_p, min_p, repetition_penalty, seed, stop,
+             speculative, num_draft_tokens, draft_source, lookup_ngram, chat, provider, backend):
     """Generate text from PROMPT with BUNDLE, streaming it to stdout; a summary line goes to stderr."""
     from .config import GenerationConfig
     from .runtime.console import generate_to
 
     config = GenerationConfig(
         max_new_tokens=max_tokens, temperature=0.0 if greedy else temperature, top_k=top_k, top_p=top_p, seed=seed,
-        stop=tuple(stop), speculative=speculative, num_draft_tokens=num_draft_tokens,
+        min_p=min_p, repetition_penalty=repetition_penalty, stop=tuple(stop), speculative=speculative, num_draft_tokens=num_draft_tokens,
         draft_source=draft_source, lookup_ngram=lookup_ngram,
     )
     generate_to(bundle, prompt, config, lambda s: click.echo(s, nl=False),

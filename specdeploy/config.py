@@ -8,6 +8,8 @@ from .constants import (DEFAULT_PREFILL_CHUNK, INT4_KERNEL_ALIASES, INT4_KERNELS
 from .errors import ConfigError
 
 RESPONSE_FORMATS = ("text", "json_object", "json_schema", "lark")
+# the model's own distribution, whatever sampling defaults a bundle records: what measurements decode with
+UNWARPED = dict(top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0)
 MAX_LOGPROBS = 20  # top alternatives a token's logprobs may list (OpenAI's limit)
 
 
@@ -131,7 +133,7 @@ class GenerationConfig:
 
     max_new_tokens: int = 128
     temperature: float | None = None
-    top_k: int | None = None
+    top_k: int | None = None              # 0: off, even where the bundle's defaults set one
     top_p: float | None = None
     seed: int | None = None
     stop: tuple[str, ...] = ()
@@ -162,6 +164,6 @@ class GenerationConfig:
             raise ConfigError("stop must be a list of non-empty strings")
         if self.logprobs is not None and not (0 <= self.logprobs <= MAX_LOGPROBS):
             raise ConfigError(f"logprobs={self.logprobs} must be in 0..{MAX_LOGPROBS} (or unset)")
-        SamplingParams(0.0 if self.temperature is None else self.temperature, self.top_k, self.top_p, self.min_p)
+        SamplingParams(0.0 if self.temperature is None else self.temperature, self.top_k or None, self.top_p, self.min_p)
         Penalties(1.0 if self.repetition_penalty is None else self.repetition_penalty,
                   self.presence_penalty, self.frequency_penalty)

@@ -9,7 +9,7 @@ import resource
 import subprocess
 import sys
 
-from ..config import GenerationConfig
+from ..config import UNWARPED, GenerationConfig
 from ..errors import SpecDeployError
 from ..runtime.engine import Engine
 from ..prompts import BENCH_PROMPTS
@@ -25,7 +25,7 @@ def measure_here(bundle: str, mode: str, max_new_tokens: int) -> dict:
         loaded = _peak_mb()
         for category in ("chat", "summarisation"):
             ids = encode(engine, BENCH_PROMPTS[category][0])[: engine.manifest.max_context - max_new_tokens]
-            engine.generate_ids(ids, GenerationConfig(max_new_tokens=max_new_tokens,
+            engine.generate_ids(ids, GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0, **UNWARPED,
                                                       speculative=mode == "speculative",
                                                       draft_source="hybrid"))
     return {"after_load_mb": round(loaded, 1), "peak_mb": round(_peak_mb(), 1)}

@@ -41,9 +41,10 @@ class Specdeploy:
         self.note = f"{Path(bundle).name}: {m.precision}, {mode}"
 
     def generate(self, ids: list[int], n: int) -> list[int]:
-        from ..config import GenerationConfig
+        from ..config import UNWARPED, GenerationConfig
 
-        config = GenerationConfig(max_new_tokens=n, temperature=0.0, ignore_eos=True, speculative=self.speculative)
+        config = GenerationConfig(max_new_tokens=n, temperature=0.0, ignore_eos=True, speculative=self.speculative,
+                                  **UNWARPED)
         return self.engine.generate_ids(ids, config)
 
     def close(self) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .. import prompts as prompt_sets
 from ..bundle import io_names
-from ..config import GenerationConfig, check_ngram
+from ..config import UNWARPED, GenerationConfig, check_ngram
 from ..constants import SOURCES, VERSION
 from ..errors import SpecDeployError
 from ..runtime.costs import CostModel, feature_head_costs, measure
@@ -77,7 +77,7 @@ def _progress(total: int):
 def modes_for(temperature: float, default_source: str, max_new_tokens: int,
               lookup_ngram: tuple[int, int] | None = None, available=SOURCES) -> dict[str, GenerationConfig]:
     """`available`: the sources the bundle can run (a feature head's only where it has one)."""
-    base = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=0 if temperature else None)
+    base = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=0 if temperature else None, **UNWARPED)
     modes = {"plain": GenerationConfig(speculative=False, **base)}
     sources = [s for s in SOURCES if s in available] if temperature == 0 else (default_source,)
     for source in sources:

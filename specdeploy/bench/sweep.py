@@ -8,7 +8,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from ..config import GenerationConfig
+from ..config import UNWARPED, GenerationConfig
 from ..runtime.engine import Engine
 from ..runtime.timing import run_modes
 
@@ -25,7 +25,7 @@ def _grid_for(engine: Engine, ids, gammas, config, calibrated: bool) -> list[dic
     costs = measure(engine.model, max_rows=2, repeats=7)
     k = engine.manifest.exit_layer
     c = costs.draft_step_s(k) / costs.full_step_s
-    base = dict(max_new_tokens=config.max_new_tokens)
+    base = dict(max_new_tokens=config.max_new_tokens, temperature=0.0, **UNWARPED)
     modes = {"plain": GenerationConfig(speculative=False, **base)}
     modes.update({f"g{g}": GenerationConfig(num_draft_tokens=g, draft_source="early_exit", **base) for g in gammas})
     res = run_modes(engine, ids, modes, config.repeats)

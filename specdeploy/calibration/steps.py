@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..config import GenerationConfig
+from ..config import UNWARPED, GenerationConfig
 from . import adapter as adapters
 from .data import Activations
 
@@ -63,7 +63,7 @@ def measure_end_to_end(bundle: Path, held_convs, gammas, cal: CalibrationConfig,
     with Engine(bundle) as engine:
         chat = engine.tokenizer.chat_template is not None
         ids = [engine.encode_prompt(c if chat else c[-1]["content"]) for c in held_convs[: cal.measure_prompts]]
-        base = dict(max_new_tokens=cal.measure_tokens)
+        base = dict(max_new_tokens=cal.measure_tokens, temperature=0.0, **UNWARPED)
         modes = {"plain": GenerationConfig(speculative=False, **base)}
         for gamma in gammas:
             for source in ("early_exit", "hybrid"):

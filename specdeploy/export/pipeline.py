@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -46,6 +46,7 @@ class ExportConfig:
     head_features: bool = False                    # also output the layers a feature head reads by default (train-head --bundle)
     feature_head: Path | None = None               # an EAGLE-3 head to add (its layers become feature_layers)
     int4_kernel: str = DEFAULT_INT4_KERNEL         # what computes int4 weights (constants.INT4_KERNELS)
+    sampling: dict = field(default_factory=dict)   # sampling defaults to record over the model's own (KEYS)
 
     def __post_init__(self):
         object.__setattr__(self, "source", Path(self.source))

@@ -111,9 +111,9 @@ def torch_replies(model, tokenizer, tokens: int, device: str):
 
 def bundle_replies(engine, tokens: int):
     """Greedy plain decoding by the bundle: prompt ids -> prompt and reply ids."""
-    from ..config import GenerationConfig
+    from ..config import UNWARPED, GenerationConfig
 
-    config = GenerationConfig(max_new_tokens=tokens, temperature=0.0, speculative=False)
+    config = GenerationConfig(max_new_tokens=tokens, temperature=0.0, speculative=False, **UNWARPED)
     return lambda ids: list(ids) + engine.generate_ids(ids, config)
 
 

@@ -94,6 +94,7 @@ class DraftHead:
 def build_manifest(model, tokenizer, config, name: str) -> Manifest:
     from ..feature_head.config import default_feature_layers
     from .arch import adds_bos, eos_ids, model_info
+    from .sampling_defaults import recorded
 
     info = model_info(model, name, eos_ids(model, tokenizer), adds_bos(tokenizer))
     config.check_layers(info.num_layers)
@@ -104,7 +105,7 @@ def build_manifest(model, tokenizer, config, name: str) -> Manifest:
         max_context=config.max_context,
         graphs=decoder_graphs(config.exit_layer, info.num_layers, layers),
         draft_source=config.draft_source, lookup_ngram=config.lookup_ngram, opset=config.opset,
-        feature_layers=layers,
+        feature_layers=layers, sampling_defaults=recorded(config.source, config.sampling),
     )
 
 

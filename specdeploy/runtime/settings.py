@@ -57,5 +57,5 @@ def sampling(config: GenerationConfig, defaults: SamplingDefaults) -> SamplingPa
     """Temperature, top-k, top-p and min-p: each the caller's, else the model's default; greedy
     where neither gives a temperature."""
     return SamplingParams(_either(config.temperature, defaults, "temperature", 0.0),
-                          _either(config.top_k, defaults, "top_k"), _either(config.top_p, defaults, "top_p"),
-                          _either(config.min_p, defaults, "min_p"))
+                          _either(config.top_k, defaults, "top_k") or None,  # 0: off
+                          _either(config.top_p, defaults, "top_p"), _either(config.min_p, defaults, "min_p"))

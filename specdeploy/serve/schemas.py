@@ -148,7 +148,7 @@ def parse(body, chat: bool, max_context: int, default_max_tokens: int = 256) -> 
             max_new_tokens=max(1, max_tokens),
             temperature=_number(body, "temperature", 0, 2),
             top_p=_typed(body, "top_p", (int, float), None, lambda v: 0 < v <= 1, "(0, 1]"),
-            top_k=top_k if top_k and top_k > 0 else None,
+            top_k=None if top_k is None else max(top_k, 0),  # 0 / -1: off, over the bundle's default
             min_p=_number(body, "min_p", 0, 1),
             repetition_penalty=_number(body, "repetition_penalty", 0.01, 10),
             presence_penalty=_number(body, "presence_penalty", -2, 2, 0.0),
