@@ -29,6 +29,7 @@ if command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 && command -v qemu-aarch64 >
     export SPECDEPLOY_ARM_TEST=required  # installed: the Arm kernel test must run, not skip
 fi
 scripts/fetch_model.sh
+scripts/setup_eval.sh   # lm-evaluation-harness in .venv-eval, for its end-to-end test against serve
 .venv/bin/specdeploy build-kernels
 case " $* " in *" --long "*)  # the long tier's Gemma 3 end-to-end tests
     scripts/fetch_gemma3.sh || echo "Gemma 3 270M could not be fetched: its end-to-end tests skip" ;;

@@ -385,14 +385,17 @@ def build_engines_command(bundle, max_draft_tokens, max_prompt, workspace_mb):
               help="Answer 401 unless a request sends 'Authorization: Bearer KEY' (or set SPECDEPLOY_API_KEY).")
 @click.option("--cors-origin", "cors_origins", multiple=True,
               help="Let browser pages from this origin call the API (repeatable; '*' for any). Off by default.")
+@click.option("--prefix-reuse/--no-prefix-reuse", default=True, show_default=True,
+              help="Prefill a request only from where it leaves the last one's tokens (a chat's history is kept).")
 @_backend_options
-def serve(bundle, host, port, max_queue, model_name, prefill_chunk, api_key, cors_origins, provider, backend):
+def serve(bundle, host, port, max_queue, model_name, prefill_chunk, api_key, cors_origins, prefix_reuse, provider,
+          backend):
     """Serve BUNDLE over an OpenAI-compatible HTTP API with a playground at /."""
     from .serve.server import ServeConfig, serve as run_server
 
     config = ServeConfig(bundle=bundle, host=host, port=port, max_queue=max_queue, model_name=model_name,
                          provider=provider, backend=backend, prefill_chunk=prefill_chunk, api_key=api_key,
-                         cors_origins=tuple(cors_origins))
+                         cors_origins=tuple(cors_origins), prefix_reuse=prefix_reuse)
     run_server(config, ready=lambda: click.echo(f"serving {bundle} on http://{host}:{port} "
                                                 f"(playground at /, API at /v1)"))
 

@@ -47,9 +47,10 @@ class Result:
 
 class Engine:
     def __init__(self, bundle: Path, backend: str = DEFAULT_BACKEND, provider: str | None = None,
-                 threads: int | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK):
+                 threads: int | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK, prefix_reuse: bool = True):
         """`provider` (ONNX Runtime only): cpu (default), cuda or tensorrt; `threads`: intra-op threads;
-        `prefill_chunk`: the most prompt rows one prefill pass carries (fewer: a lower peak memory)."""
+        `prefill_chunk`: the most prompt rows one prefill pass carries (fewer: a lower peak memory);
+        `prefix_reuse`: prefill a prompt only from where it leaves the last sequence's tokens."""
         check_prefill_chunk(prefill_chunk)
         self.bundle = Path(bundle)
         self.manifest = manifest_io.read(self.bundle)
@@ -67,6 +68,7 @@ class Engine:
         vocab = np.load(self.bundle / m.draft_vocab) if m.draft_vocab else None
         feature_vocab = np.load(self.bundle / m.feature_vocab) if m.feature_vocab else None
         self.decoder = Decoder(self.model, vocab, m.confidence_threshold, prefill_chunk, feature_vocab, self.bundle)
+        self.decoder.reuse = self.decoder.reuse and prefix_reuse
 
     def encode_prompt(self, prompt) -> list[int]:
         """Token ids of a plain string, or of chat messages rendered with the chat template."""

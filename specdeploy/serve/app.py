@@ -204,6 +204,53 @@ class Server:
             "num_draft_tokens": m.num_draft_tokens, "draft_source": m.draft_source,
             "lookup_ngram": list(m.lookup_ngram), "max_context": m.max_context, "precision": m.precision}]})
 
+    async def tokenizer_info(self, http: HttpRequest):
+        """vLLM's tokenizer endpoints (lm-evaluation-harness's remote tokenizer reads them)."""
+        m, tok = self.engine.manifest, self.engine.tokenizer
+        special = {name: (tok.token_text(i) if i is not None else None) for name, i in
+                   (("eos_token", m.model.eos_token_ids[0] if m.model.eos_token_ids else None),
+                    ("bos_token", m.model.bos_token_id))}
+        return JSONResponse({**special, "pad_token": None, "chat_template": tok.chat_template,
+                             "model_max_length": m.max_context})
+
+    async def _json(self, http: HttpRequest) -> dict:
+        try:
+            body = json.loads(await http.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise RequestError(f"the request body is not valid JSON ({exc})") from None
+        if not isinstance(body, dict):
+            raise RequestError("the request body must be a JSON object")
+        return body
+
+    async def tokenize(self, http: HttpRequest):
+        """{"prompt": text, "add_special_tokens": bool} or {"messages": [...]} -> {"tokens", "count", "max_model_len"}."""
+        try:
+            body = await self._json(http)
+            if "messages" in body:
+                ids = self.engine.encode_prompt(parse({"messages": body["messages"]}, True, 1).prompt)
+            elif isinstance(body.get("prompt"), str):
+                text = body["prompt"]
+                ids = (self.engine.encode_prompt(text) if body.get("add_special_tokens", True)
+                       else self.engine.tokenizer.encode(text))
+            else:
+                raise RequestError("'prompt' (a string) or 'messages' is required")
+        except SpecDeployError as exc:
+            return error(400, str(exc))
+        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": self.engine.manifest.max_context})
+
+    async def detokenize(self, http: HttpRequest):
+        """{"tokens": [ids]} -> {"prompt": text}."""
+        try:
+            body = await self._json(http)
+            ids = body.get("tokens")
+            vocab = self.engine.manifest.model.vocab_size
+            if not (isinstance(ids, list) and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab
+                                                  for t in ids)):
+                raise RequestError(f"'tokens' must be a list of token ids in 0..{vocab - 1}")
+        except SpecDeployError as exc:
+            return error(400, str(exc))
+        return JSONResponse({"prompt": self.engine.tokenizer.decode(ids)})
+
     async def health(self, http: HttpRequest):
         return JSONResponse({"status": "ok", "queue_depth": self.worker.depth})
 
@@ -233,6 +280,9 @@ class Server:
             Route("/health", self.health),
             Route("/metrics", self.metrics_text),
             Route("/v1/models", self.models),
+            Route("/tokenizer_info", self.tokenizer_info),
+            Route("/tokenize", self.tokenize, methods=["POST"]),
+            Route("/detokenize", self.detokenize, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
         ]

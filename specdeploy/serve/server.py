@@ -23,6 +23,7 @@ class ServeConfig:
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     api_key: str | None = None              # None: no key asked for
     cors_origins: tuple[str, ...] = ()      # browser origins allowed to call the API; () : CORS off
+    prefix_reuse: bool = True               # keep the last sequence's KV rows for the next request
 
     def __post_init__(self):
         if self.api_key is not None and (not self.api_key.strip() or any(c.isspace() for c in self.api_key)):
@@ -60,7 +61,7 @@ def serve(config: ServeConfig, ready: Callable[[], None] = lambda: None) -> None
 
     check_port(config.host, config.port)
     engine = Engine(config.bundle, backend=config.backend, provider=config.provider,
-                    prefill_chunk=config.prefill_chunk)
+                    prefill_chunk=config.prefill_chunk, prefix_reuse=config.prefix_reuse)
     name = config.model_name or engine.manifest.model.name
     server = Server(engine, name, config.max_queue, config.api_key, config.cors_origins)
     ready()

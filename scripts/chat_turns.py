@@ -1,0 +1,121 @@
+"""Time to first token over a six-turn chat through `specdeploy serve`, with and without prefix reuse.
+
+    python scripts/chat_turns.py BUNDLE [--turns 6] [--max-tokens 128]
+
+Two servers on the same bundle, one with prefix reuse (the default) and one started with
+--no-prefix-reuse, take the same conversation turn by turn, interleaved: each turn's request (the
+whole history, as an OpenAI client sends it) goes to one and then the other, streamed, greedy. It
+prints each turn's history length and time to first token on both, the ratio of the last turn's to
+the first's, and whether the replies are identical (they must be: reuse is bitwise a fresh prefill).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+USER_TURNS = [
+    "I am building a small weather station for my garden with a microcontroller, a temperature and humidity "
+    "sensor, a rain gauge and a solar panel that charges a battery. It should send a reading every ten minutes "
+    "over Wi-Fi to a computer in the house. What parts of the design should I think about first, and why?",
+    "The station will sit on a wooden post about two metres high, in full sun for most of the day. In summer "
+    "the air reaches thirty-five degrees, and in winter it can fall to ten below. How should I protect the "
+    "electronics and keep the temperature readings honest when the sun shines on the enclosure?",
+    "For power I have a six-volt panel of two watts and an 18650 lithium cell of 3,000 milliamp-hours. The "
+    "microcontroller draws about eighty milliamps while Wi-Fi is on and ten microamps in deep sleep. Each "
+    "reading keeps Wi-Fi on for about four seconds. Will the battery last through a week of cloudy weather?",
+    "The rain gauge is a tipping bucket that closes a reed switch once for every 0.2 millimetres of rain. "
+    "I want to count tips while the microcontroller sleeps, without missing any during a heavy storm. How "
+    "should I wire the switch and write the code so that the count survives deep sleep and bouncing contacts?",
+    "On the computer in the house I would like to keep a year of readings and draw charts of temperature, "
+    "humidity and rainfall by day and by month. I know a little Python. Which simple way of storing the "
+    "readings and drawing the charts would you suggest, and what would the table of readings look like?",
+    "Finally, I sometimes lose Wi-Fi for an hour or two when the router restarts at night. I do not want "
+    "gaps in the data. How can the station keep readings it could not send and send them later, and what "
+    "should I test before I leave it outside for the winter? Please give me a short checklist.",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(bundle: str, *flags: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "specdeploy.cli", "serve", bundle, "--port", str(port), *flags],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise SystemExit(f"Error: the server on {bundle} did not start")
+
+
+def turn(url: str, messages: list[dict], max_tokens: int) -> tuple[float, str, dict]:
+    """(seconds to the first content, the reply, the usage) of one streamed greedy request."""
+    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "repetition_penalty": 1.0, "top_p": 1.0, "top_k": 0}
+    began, first, text, usage = time.perf_counter(), None, [], {}
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            content = chunk["choices"][0]["delta"].get("content") if chunk.get("choices") else None
+            if content and first is None:
+                first = time.perf_counter() - began
+            text.append(content or "")
+            usage = chunk.get("usage") or usage
+    return first or float("nan"), "".join(text), usage
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("bundle")
+    parser.add_argument("--turns", type=int, default=6)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    args = parser.parse_args()
+    servers = {"reuse": start(args.bundle), "fresh": start(args.bundle, "--no-prefix-reuse")}
+    histories = {name: [] for name in servers}
+    rows = []
+    try:
+        for i, user in enumerate(USER_TURNS[: args.turns]):
+            row = {"turn": i + 1}
+            for name, (_, url) in servers.items():
+                histories[name].append({"role": "user", "content": user})
+                ttft, reply, usage = turn(url, histories[name], args.max_tokens)
+                histories[name].append({"role": "assistant", "content": reply})
+                row[name] = {"ttft_ms": round(1000 * ttft, 1), "prompt_tokens": usage.get("prompt_tokens"),
+                             "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
+                             "reply": reply}
+            rows.append(row)
+            r, f = row["reuse"], row["fresh"]
+            print(f"turn {row['turn']}: {r['prompt_tokens']} prompt tokens ({r['cached_tokens']} reused): "
+                  f"first token {r['ttft_ms']} ms with reuse, {f['ttft_ms']} ms without; "
+                  f"replies {'identical' if r['reply'] == f['reply'] else 'DIFFER'}", flush=True)
+    finally:
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait(30)
+    for name in servers:
+        print(f"{name}: last turn's first token / first turn's = "
+              f"{rows[-1][name]['ttft_ms'] / rows[0][name]['ttft_ms']:.2f}x")
+    same = all(r["reuse"]["reply"] == r["fresh"]["reply"] for r in rows)
+    print(f"replies identical with and without reuse: {same}")
+    print(json.dumps([{k: ({kk: vv for kk, vv in v.items() if kk != 'reply'} if isinstance(v, dict) else v)
+                       for k, v in r.items()} for r in rows]))
+    sys.exit(0 if same else 1)
+
+
+if __name__ == "__main__":
+    main()
