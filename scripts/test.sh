@@ -13,7 +13,7 @@
 # own CPU), not xdist's by-test-count order. `-n 0` runs serially.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -x .venv/bin/pytest ] && [ -x .venv/bin/ruff ] && .venv/bin/python -c "import playwright, tritonclient.grpc, xdist, yaml" 2>/dev/null || scripts/setup.sh
+[ -x .venv/bin/pytest ] && [ -x .venv/bin/ruff ] && .venv/bin/python -c "import playwright, tritonclient.grpc, xdist, yaml, jsonschema, llguidance" 2>/dev/null || scripts/setup.sh
 wanted=""
 command -v chromium >/dev/null 2>&1 || wanted="chromium"
 command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 && command -v qemu-aarch64 >/dev/null 2>&1 \

@@ -148,3 +148,101 @@ def test_gptq_re_quantizes_the_example_closer_to_fp32_than_round_to_nearest(exam
     assert "gguf_carried_weights" not in manifest.extra and manifest.row_check["passed"]
     q = manifest.quality
     assert q["greedy_identical"] and q["top1_agreement"] >= 0.85 and q["perplexity"] < 1.1 * q["perplexity_fp32"]
+
+
+# ---- structured output and tools on the real tokenizer (llguidance), speculation on ----------------
+
+SCHEMAS = [
+    {"type": "object", "additionalProperties": False, "required": ["city", "days"],
+     "properties": {"city": {"type": "string"},
+                    "days": {"type": "array", "minItems": 1, "maxItems": 3,
+                             "items": {"type": "object", "required": ["day", "sky", "high_c"],
+                                       "properties": {"day": {"enum": ["mon", "tue", "wed"]},
+                                                      "sky": {"enum": ["sun", "cloud", "rain"]},
+                                                      "high_c": {"type": "number", "minimum": -30, "maximum": 50}}}}}},
+    {"type": "object", "required": ["name", "age", "address"],
+     "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                    "address": {"type": "object", "required": ["street", "zip"],
+                                "properties": {"street": {"type": "string"}, "zip": {"type": "string",
+                                                                                     "pattern": "^[0-9]{5}$"}}}}},
+]
+
+
+@pytest.mark.parametrize("schema", SCHEMAS)
+def test_json_schema_output_validates_greedy_and_sampled_with_speculation(example_engine, schema):
+    import json
+
+    import jsonschema
+
+    from specdeploy.config import ResponseFormat
+
+    fmt = ResponseFormat("json_schema", schema=schema)
+    messages = [{"role": "user", "content": "Give me the data as JSON."}]
+    ids = example_engine.encode_prompt(messages)
+    greedy = example_engine.generate_ids(ids, GenerationConfig(max_new_tokens=160, response_format=fmt, temperature=0))
+    plain = example_engine.generate_ids(ids, GenerationConfig(max_new_tokens=160, response_format=fmt, temperature=0,
+                                                              speculative=False))
+    assert greedy == plain
+    for seed in range(3):
+        for options in (dict(temperature=0.0), dict(temperature=0.8, seed=seed)):
+            result = example_engine.generate(messages, GenerationConfig(max_new_tokens=160, response_format=fmt,
+                                                                        **options))
+            assert result.finish_reason == "stop", result.text
+            jsonschema.validate(json.loads(result.text), schema)
+
+
+@pytest.fixture(scope="module")
+def example_server(example_bundle):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent / "serve"))
+    from tests_serve_support import RunningServer
+
+    server = RunningServer(example_bundle)
+    yield server
+    server.stop()
+
+
+def test_the_openai_clients_parse_helper_gets_a_valid_object(example_server):
+    import openai
+    import pydantic
+
+    class Forecast(pydantic.BaseModel):
+        city: str
+        high_c: int = pydantic.Field(ge=-30, le=50)
+        sky: str
+
+    client = openai.OpenAI(base_url=example_server.url + "/v1", api_key="unused", max_retries=0)
+    r = client.chat.completions.parse(model="m", response_format=Forecast, max_tokens=120, messages=[
+        {"role": "user", "content": "What is the weather in Paris tomorrow?"}])
+    assert isinstance(r.choices[0].message.parsed, Forecast)
+
+
+@pytest.mark.parametrize("tool_choice", ["required", "auto"])
+def test_tool_calls_always_parse_against_the_tools_schema(example_server, tool_choice):
+    import json
+
+    import jsonschema
+    import openai
+
+    params = {"type": "object", "additionalProperties": False, "required": ["city", "unit"],
+              "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}}}
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+                                               "parameters": params}}]
+    client = openai.OpenAI(base_url=example_server.url + "/v1", api_key="unused", max_retries=0)
+    for stream in (False, True):
+        messages = [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]
+        r = client.chat.completions.create(model="m", messages=messages, tools=tools, tool_choice=tool_choice,
+                                           max_tokens=120, stream=stream)
+        if stream:
+            chunks = list(r)
+            calls = [c for ch in chunks if ch.choices for c in (ch.choices[0].delta.tool_calls or [])]
+            content = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+        else:
+            calls, content = r.choices[0].message.tool_calls or [], r.choices[0].message.content
+        if tool_choice == "required" or calls:
+            assert len(calls) == 1 and calls[0].function.name == "get_weather"
+            jsonschema.validate(json.loads(calls[0].function.arguments), params)
+        else:
+            assert content  # "auto" may answer in text instead

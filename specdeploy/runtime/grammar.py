@@ -6,8 +6,11 @@ neither torch nor a GPU, ships wheels for x86-64 and aarch64 (Jetson), and can r
 exactly what a verify pass needs, a mask for each draft's prefix and a return to the accepted one.
 xgrammar is as fast but wants torch at run time; outlines-core has no rollback.
 
-JSON output is compact (no whitespace between tokens unless a schema's "x-guidance" asks for it): a
-small model allowed free whitespace can pad forever.
+Two choices keep a small model's output finite, and always valid against the schema as given: JSON
+output is compact (no whitespace between tokens unless a schema's "x-guidance" asks for it), and an
+object whose schema lists its properties admits only those unless it says `additionalProperties`
+(OpenAI's strict mode asks the same): allowed free whitespace or invented keys, a 135M model pads
+until max_tokens and its JSON never closes.
 """
 from __future__ import annotations
 
@@ -22,6 +25,29 @@ from ..errors import ConfigError
 
 JSON_OPTIONS = {"whitespace_flexible": False}
 ANY_OBJECT = {"type": "object"}
+
+
+SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
+
+
+def closed(schema):
+    """The schema with `additionalProperties: false` on every object that lists properties and says nothing."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    if "properties" in out and "additionalProperties" not in out and "patternProperties" not in out:
+        out["additionalProperties"] = False
+    for key in SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed(sub) for name, sub in out[key].items()}
+    for key in SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed(sub) for sub in out[key]]
+    for key in ("items", "additionalProperties", "not", "if", "then", "else"):
+        if isinstance(out.get(key), dict):
+            out[key] = closed(out[key])
+    return out
 
 
 def _llguidance():
@@ -65,7 +91,7 @@ class Grammars:
         matcher = self.llg.LLMatcher
         if fmt.type == "lark":
             return matcher.grammar_from_lark(fmt.grammar)
-        schema = fmt.schema if fmt.type == "json_schema" else ANY_OBJECT
+        schema = closed(fmt.schema) if fmt.type == "json_schema" else ANY_OBJECT
         try:
             return matcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
         except (ValueError, TypeError) as exc:

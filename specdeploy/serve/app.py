@@ -14,7 +14,7 @@ from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, S
 from starlette.routing import Route
 
 from ..errors import SpecDeployError
-from . import access
+from . import access, tools
 from . import logprobs as logprobs_format
 from .metrics import Metrics
 from .schemas import Request, RequestError, parse
@@ -134,13 +134,23 @@ class Server:
         entries = [e for p in pieces for e in p.logprobs]
         finish = job.stats.finish_reason
         if req.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
+            message, finish = self._message(req, text, finish)
+            choice = {"index": 0, "message": message, "finish_reason": finish,
                       "logprobs": self._chat_logprobs(req, entries)}
         else:
             choice = self._completion_choice(job, req, text, entries)
         obj = "chat.completion" if req.chat else "text_completion"
         return JSONResponse({**meta, "object": obj, "choices": [choice], "usage": self._usage(job.stats),
                              **speculative_fields(job.stats, self._source(req))})
+
+    def _message(self, req: Request, text: str, finish: str) -> tuple[dict, str]:
+        """The assistant's message and finish reason: a tool call where the request offered tools."""
+        if not req.tools:
+            return {"role": "assistant", "content": text}, finish
+        content, calls = tools.reply(text)
+        if calls is None:
+            return {"role": "assistant", "content": content}, finish
+        return {"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls"
 
     def _chat_logprobs(self, req: Request, entries) -> dict | None:
         if req.config.logprobs is None:
@@ -184,6 +194,11 @@ class Server:
             first = self._chunk(req, meta, None)
             first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
             yield sse(first)
+        if req.tools:  # the reply is known to be a call or an answer only once whole
+            async for chunk in self._tool_events(job, req, meta):
+                yield sse(chunk)
+            yield "data: [DONE]\n\n"
+            return
         try:
             async for piece in self._pieces(job):
                 yield sse(self._chunk(req, meta, piece.text, piece.drafted, entries=piece.logprobs))
@@ -195,6 +210,23 @@ class Server:
         last.update(usage=self._usage(job.stats), **speculative_fields(job.stats, self._source(req)))
         yield sse(last)
         yield "data: [DONE]\n\n"
+
+    async def _tool_events(self, job: Job, req: Request, meta: dict):
+        """A streamed reply to a request with tools: one delta with the whole call (or answer), then the end."""
+        try:
+            text = "".join([p.text async for p in self._pieces(job)])
+        except Exception as exc:
+            yield {"error": {"message": f"generation failed: {exc}", "type": "server_error"}}
+            return
+        message, finish = self._message(req, text, job.stats.finish_reason)
+        delta = {"content": message["content"]} if message.get("content") is not None else {
+            "tool_calls": [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]}
+        chunk = self._chunk(req, meta, None)
+        chunk["choices"][0]["delta"] = delta
+        yield chunk
+        last = self._chunk(req, meta, None, finish=finish)
+        last.update(usage=self._usage(job.stats), **speculative_fields(job.stats, self._source(req)))
+        yield last
 
     async def models(self, http: HttpRequest):
         m = self.engine.manifest

@@ -7,7 +7,7 @@ from ..config import MAX_LOGPROBS, GenerationConfig, ResponseFormat
 from ..constants import MAX_DRAFT_TOKENS, SOURCES
 from ..errors import ConfigError
 
-UNSUPPORTED = ("best_of", "suffix", "tools", "tool_choice", "functions", "function_call", "logit_bias", "n_probs")
+UNSUPPORTED = ("best_of", "suffix", "functions", "function_call", "logit_bias", "n_probs")
 IGNORED = ("model", "user", "stream_options", "parallel_tool_calls", "store", "metadata")
 
 
@@ -24,6 +24,7 @@ class Request:
     max_tokens_given: bool = True
     echo: bool = False        # completions: the prompt's text (and logprobs) before the output
     generate: bool = True     # False: max_tokens 0 with echo, the prompt's logprobs alone
+    tools: bool = False       # chat: the reply is a tool call or an answer, in serve/tools.py's format
 
 
 def _typed(body: dict, name: str, kinds, default=None, check=None, hint: str = ""):
@@ -57,7 +58,8 @@ def _messages(body: dict) -> list[dict]:
         raise RequestError("'messages' is required: a non-empty list of {role, content} objects")
     if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
         raise RequestError("each message needs a string 'role' and a string 'content'")
-    return [{**m, "content": _content(m.get("content"))} for m in messages]
+    return [{**m, "content": "" if m.get("tool_calls") and m.get("content") is None else _content(m.get("content"))}
+            for m in messages]
 
 
 def _is_ids(value) -> bool:
@@ -138,6 +140,16 @@ def parse(body, chat: bool, max_context: int, default_max_tokens: int = 256) -> 
         if body.get(name) not in (None, False, 0):
             raise RequestError(f"'{name}' is not supported by this server; remove it")
     prompt = _prompt(body, chat)
+    response_format, tools = _response_format(body), False
+    if body.get("tools") is not None or body.get("tool_choice") is not None:
+        if not chat:
+            raise RequestError("'tools' belong to /v1/chat/completions")
+        if response_format is not None:
+            raise RequestError("give 'tools' or 'response_format', not both")
+        from .tools import prepare
+
+        prompt, response_format = prepare(prompt, body.get("tools"), body.get("tool_choice"))
+        tools = response_format is not None
     if _typed(body, "n", int, 1, lambda v: True, "an integer") != 1:
         raise RequestError("'n' must be 1: this server returns one choice per request")
     top_k = _typed(body, "top_k", int, None, lambda v: v >= -1, "an integer >= -1 (0 or -1 disables)")
@@ -162,7 +174,7 @@ def parse(body, chat: bool, max_context: int, default_max_tokens: int = 256) -> 
             lookup_ngram=_typed(body, "lookup_ngram", list, None, None, "[min, max], e.g. [2, 4]"),
             ignore_eos=_typed(body, "ignore_eos", bool, False, None, "true or false"),
             logprobs=_logprobs(body, chat),
-            response_format=_response_format(body),
+            response_format=response_format,
         )
     except RequestError:
         raise
@@ -171,4 +183,4 @@ def parse(body, chat: bool, max_context: int, default_max_tokens: int = 256) -> 
     stream = _typed(body, "stream", bool, False, None, "true or false")
     if stream and not max_tokens:
         raise RequestError("'max_tokens': 0 (the prompt's logprobs alone) cannot be streamed; set 'stream': false")
-    return Request(prompt, config, stream, chat, given, echo, max_tokens > 0)
+    return Request(prompt, config, stream, chat, given, echo, max_tokens > 0, tools)

@@ -82,6 +82,7 @@ def test_raw_sse_format(server):
     (json.dumps({"prompt": "w3", "repetition_penalty": 0}), "repetition_penalty"),
     (json.dumps({"prompt": "w3", "response_format": {"type": "xml"}}), "response_format"),
     (json.dumps({"prompt": "w3", "response_format": {"type": "json_schema"}}), "json_schema.schema"),
+    (json.dumps({"prompt": "w3", "tools": []}), "belong to /v1/chat/completions"),
     (json.dumps({"prompt": "w3", "stop": [1]}), "stop"),
     (json.dumps({"prompt": "w3", "num_draft_tokens": 100}), "num_draft_tokens"),
     (json.dumps({"prompt": "w3", "draft_source": "medusa"}), "draft_source"),
