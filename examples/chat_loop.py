@@ -1,16 +1,20 @@
 """A terminal chat: each line you type is a user turn; replies stream as they are decoded.
 
     python examples/chat_loop.py engine.plan        (Ctrl-D or 'exit' to quit)
+
+A Conversation keeps the chat as the tokens it was decoded as, so each turn reuses the KV rows of
+the whole history: the first token waits for your new line only, however long the chat.
+Sampling follows the bundle's defaults (the model's own); pass temperature=0 for greedy.
 """
 import sys
 
-from specdeploy import Engine, GenerationConfig, SpecDeployError
+from specdeploy import Conversation, Engine, GenerationConfig, SpecDeployError
 
 
 def main(bundle: str) -> None:
-    history = []
-    config = GenerationConfig(max_new_tokens=128, temperature=0.7, top_p=0.9)
+    config = GenerationConfig(max_new_tokens=128)
     with Engine(bundle) as engine:
+        chat = Conversation(engine)
         while True:
             try:
                 line = input("you> ").strip()
@@ -20,16 +24,15 @@ def main(bundle: str) -> None:
                 break
             if not line:
                 continue
-            history.append({"role": "user", "content": line})
             print("bot> ", end="", flush=True)
             try:
-                reply = "".join(print(p.text, end="", flush=True) or p.text for p in engine.stream(history, config))
+                for piece in chat.stream(line, config):
+                    print(piece.text, end="", flush=True)
             except SpecDeployError as exc:  # e.g. the conversation outgrew the context: start over
                 print(f"\n[{exc}]")
-                history = []
+                chat = Conversation(engine)
                 continue
             print()
-            history.append({"role": "assistant", "content": reply})
 
 
 if __name__ == "__main__":

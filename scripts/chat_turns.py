@@ -1,12 +1,15 @@
 """Time to first token over a six-turn chat through `specdeploy serve`, with and without prefix reuse.
 
-    python scripts/chat_turns.py BUNDLE [--turns 6] [--max-tokens 128]
+    python scripts/chat_turns.py BUNDLE [--turns 6] [--max-tokens 128] [--engine]
 
 Two servers on the same bundle, one with prefix reuse (the default) and one started with
 --no-prefix-reuse, take the same conversation turn by turn, interleaved: each turn's request (the
 whole history, as an OpenAI client sends it) goes to one and then the other, streamed, greedy. It
 prints each turn's history length and time to first token on both, the ratio of the last turn's to
 the first's, and whether the replies are identical (they must be: reuse is bitwise a fresh prefill).
+
+--engine: the same chat in process through a `Conversation` (what examples/chat_loop.py uses), which
+keeps the history as decoded tokens, on an Engine with prefix reuse and one without.
 """
 from __future__ import annotations
 
@@ -79,35 +82,76 @@ def turn(url: str, messages: list[dict], max_tokens: int) -> tuple[float, str, d
     return first or float("nan"), "".join(text), usage
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("bundle")
-    parser.add_argument("--turns", type=int, default=6)
-    parser.add_argument("--max-tokens", type=int, default=128)
-    args = parser.parse_args()
-    servers = {"reuse": start(args.bundle), "fresh": start(args.bundle, "--no-prefix-reuse")}
+def engine_turns(bundle: str, turns: int, max_tokens: int) -> list[dict]:
+    """The chat in process: a Conversation on an Engine with prefix reuse and on one without."""
+    from specdeploy import Conversation, Engine, GenerationConfig, GenerationStats
+
+    config = GenerationConfig(max_new_tokens=max_tokens, temperature=0, repetition_penalty=1.0)
+    engines = {"reuse": Engine(bundle), "fresh": Engine(bundle, prefix_reuse=False)}
+    chats = {name: Conversation(engine) for name, engine in engines.items()}
+    for engine in engines.values():  # first calls set up sessions and caches: not a turn's cost
+        engine.generate("Hello", GenerationConfig(max_new_tokens=8, temperature=0))
+    rows = []
+    try:
+        for i, user in enumerate(USER_TURNS[:turns]):
+            row = {"turn": i + 1}
+            for name, chat in chats.items():
+                stats, began, first = GenerationStats(), time.perf_counter(), None
+                texts = []
+                for piece in chat.stream(user, config, stats):
+                    first = first if first is not None else time.perf_counter() - began
+                    texts.append(piece.text)
+                row[name] = {"ttft_ms": round(1000 * first, 1), "prompt_tokens": stats.prompt_tokens,
+                             "cached_tokens": stats.cached_tokens, "reply": "".join(texts)}
+            rows.append(row)
+            report(row)
+    finally:
+        for engine in engines.values():
+            engine.close()
+    return rows
+
+
+def server_turns(bundle: str, turns: int, max_tokens: int) -> list[dict]:
+    servers = {"reuse": start(bundle), "fresh": start(bundle, "--no-prefix-reuse")}
+    for _, url in servers.values():  # first calls set up sessions and caches: not a turn's cost
+        turn(url, [{"role": "user", "content": "Hello"}], 8)
     histories = {name: [] for name in servers}
     rows = []
     try:
-        for i, user in enumerate(USER_TURNS[: args.turns]):
+        for i, user in enumerate(USER_TURNS[:turns]):
             row = {"turn": i + 1}
             for name, (_, url) in servers.items():
                 histories[name].append({"role": "user", "content": user})
-                ttft, reply, usage = turn(url, histories[name], args.max_tokens)
+                ttft, reply, usage = turn(url, histories[name], max_tokens)
                 histories[name].append({"role": "assistant", "content": reply})
                 row[name] = {"ttft_ms": round(1000 * ttft, 1), "prompt_tokens": usage.get("prompt_tokens"),
                              "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
                              "reply": reply}
             rows.append(row)
-            r, f = row["reuse"], row["fresh"]
-            print(f"turn {row['turn']}: {r['prompt_tokens']} prompt tokens ({r['cached_tokens']} reused): "
-                  f"first token {r['ttft_ms']} ms with reuse, {f['ttft_ms']} ms without; "
-                  f"replies {'identical' if r['reply'] == f['reply'] else 'DIFFER'}", flush=True)
+            report(row)
     finally:
         for proc, _ in servers.values():
             proc.terminate()
             proc.wait(30)
-    for name in servers:
+    return rows
+
+
+def report(row: dict) -> None:
+    r, f = row["reuse"], row["fresh"]
+    print(f"turn {row['turn']}: {r['prompt_tokens']} prompt tokens ({r['cached_tokens']} reused): "
+          f"first token {r['ttft_ms']} ms with reuse, {f['ttft_ms']} ms without; "
+          f"replies {'identical' if r['reply'] == f['reply'] else 'DIFFER'}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("bundle")
+    parser.add_argument("--turns", type=int, default=6)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--engine", action="store_true", help="In process, through a Conversation.")
+    args = parser.parse_args()
+    rows = (engine_turns if args.engine else server_turns)(args.bundle, args.turns, args.max_tokens)
+    for name in ("reuse", "fresh"):
         print(f"{name}: last turn's first token / first turn's = "
               f"{rows[-1][name]['ttft_ms'] / rows[0][name]['ttft_ms']:.2f}x")
     same = all(r["reuse"]["reply"] == r["fresh"]["reply"] for r in rows)

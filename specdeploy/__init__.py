@@ -8,12 +8,13 @@ Exporting needs the export extra: `from specdeploy.export import ExportConfig, e
 """
 from __future__ import annotations
 
-from .config import GenerationConfig
+from .config import GenerationConfig, ResponseFormat
 from .constants import DEFAULT_PREFILL_CHUNK
 from .constants import VERSION as __version__
 from .errors import (BackendError, BundleError, ConfigError, ContextLengthError,
                      MissingDependencyError, ModelSourceError, RowDependenceError, SpecDeployError, UnsupportedModelError,
                      ValidationError)
+from .runtime.conversation import Conversation
 from .runtime.engine import Engine, Piece, Result
 from .runtime.stats import GenerationStats
 
@@ -25,7 +26,7 @@ def load(bundle, backend: str = "onnxruntime", provider: str | None = None, thre
 
 
 __all__ = [
-    "Engine", "GenerationConfig", "GenerationStats", "Piece", "Result", "load",
+    "Engine", "Conversation", "GenerationConfig", "GenerationStats", "Piece", "ResponseFormat", "Result", "load",
     "SpecDeployError", "ConfigError", "BundleError", "ContextLengthError", "UnsupportedModelError",
     "ValidationError", "RowDependenceError", "MissingDependencyError", "BackendError", "ModelSourceError", "__version__",
 ]

@@ -35,6 +35,7 @@ class Piece:
     token: int | None
     drafted: bool
     logprobs: tuple[TokenLogprob, ...] = ()
+    tokens: tuple[int, ...] = ()  # every token since the last piece, this one's last
 
 
 @dataclass
@@ -98,21 +99,23 @@ class Engine:
         stats = stats if stats is not None else GenerationStats()
         detok, stops = StreamDecoder(self.tokenizer), _StopFilter(config.stop)
         held: list[TokenLogprob] = []  # logprobs of tokens not yet in a piece
+        tokens: list[int] = []         # and those tokens
         for step in self.decoder.generate(ids, config, stats):
             for i, (token, drafted) in enumerate(zip(step.tokens, step.drafted)):
                 text = stops.feed(detok.push([token]))
+                tokens.append(token)
                 if step.logprobs is not None:
                     held.append(step.logprobs[i])
                 if text:
-                    yield Piece(text, token, drafted, tuple(held))
-                    held = []
+                    yield Piece(text, token, drafted, tuple(held), tuple(tokens))
+                    held, tokens = [], []
                 if stops.stopped:
                     stats.finish_reason = "stop"
                     return
         stats.finish_reason = "length" if stats.generated_tokens >= config.max_new_tokens else "stop"
         tail = stops.feed(detok.flush()) + stops.flush()
-        if tail or held:
-            yield Piece(tail, None, False, tuple(held))
+        if tail or held or tokens:
+            yield Piece(tail, None, False, tuple(held), tuple(tokens))
 
     def generate(self, prompt, config: GenerationConfig | None = None, **options) -> Result:
         config = config or GenerationConfig(**options)
