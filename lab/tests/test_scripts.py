@@ -840,3 +840,10 @@ def test_feature_head_curve_teaches_with_a_bundle_when_given_one(features_bundle
                env={"SPECDEPLOY_CACHE": str(tmp_path / "cache")}, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "teacher: the bundle's graphs" in out.stdout and " tokens, " in out.stdout
+
+
+def test_prefill_depth_times_passes_shallow_and_deep(tiny_bundle):
+    out = _run("prefill_depth", tiny_bundle, "--depth", "60", "--repeats", "1")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert [line.split(" rows")[0] for line in lines] == ["95", "78", "8", "1"] and all("at 60" in line for line in lines)
