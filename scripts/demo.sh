@@ -8,6 +8,5 @@ scripts/fetch_model.sh
 . .venv/bin/activate
 # the model card's sampling (temperature 0.2, top-p 0.9) and a light repetition penalty, recorded as the
 # bundle's defaults: the GGUF carries none, and greedy decoding at 135M loops on its own sentences
-SAMPLING="--sampling temperature=0.2 --sampling top_p=0.9 --sampling repetition_penalty=1.1"
-specdeploy inspect engine.plan >/dev/null 2>&1 || specdeploy export --exit-layer 8 models/SmolLM2-135M-Instruct.Q4_1.gguf --output engine.plan $SAMPLING
+specdeploy inspect engine.plan >/dev/null 2>&1 || specdeploy export --exit-layer 8 models/SmolLM2-135M-Instruct.Q4_1.gguf --output engine.plan --sampling temperature=0.2 --sampling top_p=0.9 --sampling repetition_penalty=1.1
 specdeploy generate engine.plan "${1:-Write a short story about a robot who learns to paint.}" --max-tokens 128 --draft-source hybrid

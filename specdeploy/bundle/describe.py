@@ -22,6 +22,7 @@ def describe(bundle: Path, verify: bool = False) -> str:
         f"(lookup n-grams {m.lookup_ngram[0]}..{m.lookup_ngram[1]}), "
         f"{'speculative' if m.default_speculative else 'plain'} by default"
         + (f", confidence threshold {m.confidence_threshold}" if m.confidence_threshold else ""),
+        f"sampling    {_sampling(m.sampling_defaults)}",
         f"KV buffers  {m.kv_dtype} {list(m.kv_shape)} per layer and K/V (max context {m.max_context})",
         f"precision   {m.precision}" + (f" (int4 blocks of {m.extra['int4_block_size']})"
                                          if "int4_block_size" in m.extra else ""),
@@ -59,6 +60,15 @@ def describe(bundle: Path, verify: bool = False) -> str:
                  + (f"; SHA-256 verified ({checked / 2**20:.0f} MiB read)" if verify else
                     " (inspect --verify checks their SHA-256)"))
     return "\n".join(lines)
+
+
+def _sampling(defaults) -> str:
+    """Where a request says nothing: the recorded defaults and their source, or greedy."""
+    if defaults is None:
+        return "greedy where a request says nothing (no sampling defaults recorded)"
+    names = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
+    given = ", ".join(f"{n} {getattr(defaults, n)}" for n in names if getattr(defaults, n) is not None)
+    return f"defaults {given} (from {defaults.source})"
 
 
 def _rows(path: Path) -> str:

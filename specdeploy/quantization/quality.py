@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from ..bundle import manifest as manifest_io
-from ..config import GenerationConfig
+from ..config import UNWARPED, GenerationConfig
 from ..errors import ConfigError
 from ..runtime.engine import Engine
 from ..runtime.split_model import SplitModel, graph_at_a_time
@@ -67,8 +67,8 @@ def speed_and_acceptance(engine: Engine, prompts: list[str], max_new_tokens: int
 
     chat = engine.tokenizer.chat_template is not None
     ids = [engine.encode_prompt([{"role": "user", "content": p}] if chat else p) for p in prompts]
-    modes = {"plain": GenerationConfig(max_new_tokens=max_new_tokens, speculative=False),
-             "speculative": GenerationConfig(max_new_tokens=max_new_tokens)}
+    base = dict(max_new_tokens=max_new_tokens, temperature=0.0, **UNWARPED)  # greedy, whatever the bundle's defaults
+    modes = {"plain": GenerationConfig(speculative=False, **base), "speculative": GenerationConfig(**base)}
     res = run_modes(engine, ids, modes, repeats=2)
     identical = res["plain"].outputs == res["speculative"].outputs
     return {"plain_tokens_per_second": round(res["plain"].tokens_per_second, 2),

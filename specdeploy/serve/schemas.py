@@ -148,7 +148,10 @@ def parse(body, chat: bool, max_context: int, default_max_tokens: int = 256) -> 
             raise RequestError("give 'tools' or 'response_format', not both")
         from .tools import prepare
 
-        prompt, response_format = prepare(prompt, body.get("tools"), body.get("tool_choice"))
+        try:
+            prompt, response_format = prepare(prompt, body.get("tools"), body.get("tool_choice"))
+        except ConfigError as exc:
+            raise RequestError(str(exc)) from None
         tools = response_format is not None
     if _typed(body, "n", int, 1, lambda v: True, "an integer") != 1:
         raise RequestError("'n' must be 1: this server returns one choice per request")

@@ -13,7 +13,7 @@ import json
 import uuid
 
 from ..config import ResponseFormat
-from .schemas import RequestError
+from ..errors import ConfigError as RequestError  # schemas.parse answers it with a 400
 
 INSTRUCTIONS = ("You can call these tools (JSON Schema of each one's arguments):\n{tools}\n"
                 "Reply with one JSON object: {{\"tool_call\": {{\"name\": <tool name>, \"arguments\": {{...}}}}}} "

@@ -74,3 +74,24 @@ def test_a_bundle_with_defaults_samples_when_asked_nothing(tiny_bundle, tmp_path
                                                                 temperature=1.0, top_p=0.9))
         greedy = engine.generate_ids(prompt, GenerationConfig(max_new_tokens=16, ignore_eos=True, temperature=0))
     assert said_nothing == explicit != greedy
+
+
+def test_measurements_decode_greedy_and_unwarped_whatever_the_defaults(tiny_bundle, monkeypatch):
+    """The quality report, the bench and calibration judge the model's own greedy output: a bundle's
+    sampling defaults (here T=1 with penalties) never reach them."""
+    from specdeploy.bench.runner import modes_for
+    from specdeploy.bundle import manifest as manifest_io
+    from specdeploy.quantization.quality import speed_and_acceptance
+    from specdeploy.runtime.engine import Engine
+
+    defaults = SamplingDefaults("test", temperature=1.0, top_k=5, top_p=0.5, min_p=0.2, repetition_penalty=1.5)
+    monkeypatch.setattr(manifest_io, "read", lambda b, _read=manifest_io.read:
+                        _read(b).replace(sampling_defaults=defaults))
+    with Engine(tiny_bundle) as engine:
+        for config in modes_for(0.0, "hybrid", 8).values():
+            settings = resolve(config, engine.manifest)
+            assert settings.sampling.greedy and not settings.penalties.active
+        for config in modes_for(1.0, "hybrid", 8).values():
+            sampling = resolve(config, engine.manifest).sampling
+            assert (sampling.top_k, sampling.top_p, sampling.min_p) == (None, 1.0, 0.0)
+        assert speed_and_acceptance(engine, ["w5 w6 w7", "w8 w9"], max_new_tokens=8)["greedy_identical"]
