@@ -165,6 +165,23 @@ def test_serve_bad_inputs(tiny_bundle, corrupt_bundle, tmp_path):
         assert_one_line_error(run("serve", tiny_bundle, "--port", port), f"could not listen on 127.0.0.1:{port}")
 
 
+def test_serve_bad_access_options(tiny_bundle):
+    assert_one_line_error(run("serve", tiny_bundle, "--api-key", " "), "--api-key must be a non-empty key")
+
+
+@pytest.mark.parametrize("option, value, fragment", [("--min-p", 2, "min_p=2.0 must be in [0, 1]"),
+                                                     ("--repetition-penalty", 0, "repetition_penalty=0.0"),
+                                                     ("--temperature", -1, "temperature=-1.0")])
+def test_generate_bad_sampling_options(tiny_bundle, option, value, fragment):
+    assert_one_line_error(run("generate", tiny_bundle, "w3", option, value), fragment)
+
+
+@pytest.mark.parametrize("pair, fragment", [("heat=1", "KEY one of temperature"), ("top_p=high", "not a number"),
+                                            ("top_p=1.5", "top_p=1.5 must be in (0, 1]")])
+def test_export_bad_sampling_defaults(tiny_model_dir, tmp_path, pair, fragment):
+    assert_one_line_error(run("export", tiny_model_dir, "-o", tmp_path / "b", "--sampling", pair), fragment)
+
+
 def test_generate_bad_provider_for_tensorrt(tiny_bundle):
     result = run("generate", tiny_bundle, "w3", "--backend", "tensorrt", "--provider", "cpu")
     assert_one_line_error(result, "ONNX Runtime setting")

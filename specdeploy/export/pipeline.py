@@ -20,6 +20,7 @@ from ..constants import (BACKENDS, DEFAULT_BACKEND, DEFAULT_INT4_KERNEL, DEFAULT
                          MAX_CONTEXT_RANGE, DEFAULT_QUANT_METHOD, OPSETS, QUARTER_EXIT)
 from ..errors import ConfigError
 from ..runtime.memory_log import mark, recording
+from .sampling_defaults import check as check_sampling
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ class ExportConfig:
         check_source(self.draft_source)
         object.__setattr__(self, "lookup_ngram", check_ngram(self.lookup_ngram))
         object.__setattr__(self, "feature_layers", tuple(sorted(set(self.feature_layers))))
+        check_sampling(self.sampling)
         if self.feature_head is not None and not (Path(self.feature_head) / "config.json").is_file():
             raise ConfigError(f"--feature-head {self.feature_head} is not an EAGLE-3 head's directory (no config.json); "
                               f"train one with 'specdeploy train-head' or point at a downloaded head")

@@ -32,7 +32,17 @@ def parse_options(pairs) -> dict:
             out[key] = int(text) if key == "top_k" else float(text)
         except ValueError:
             raise ConfigError(f"--sampling {pair!r}: {text!r} is not a number") from None
-    return out
+    return check(out)
+
+
+def check(values: dict) -> dict:
+    """`values` if each is a sampling default within its range, else ConfigError naming it."""
+    unknown = set(values) - set(KEYS)
+    if unknown:
+        raise ConfigError(f"sampling default {sorted(unknown)[0]!r} is unknown; pick from {', '.join(KEYS)}")
+    SamplingParams(values.get("temperature") or 0.0, values.get("top_k"), values.get("top_p"), values.get("min_p"))
+    Penalties(values.get("repetition_penalty") or 1.0)
+    return values
 
 
 def _from_hf(directory: Path) -> dict:
@@ -65,7 +75,4 @@ def recorded(source: Path, options: dict) -> SamplingDefaults | None:
         return None
     where = [w for w, given in (("the model's " + ("GGUF" if source.suffix == ".gguf" else "generation_config"),
                                  found), ("export --sampling", options)) if given]
-    defaults = SamplingDefaults(source=" and ".join(where), **values)
-    SamplingParams(defaults.temperature or 0.0, defaults.top_k, defaults.top_p, defaults.min_p)
-    Penalties(defaults.repetition_penalty or 1.0)
-    return defaults
+    return SamplingDefaults(source=" and ".join(where), **check(values))
