@@ -246,3 +246,15 @@ def test_tool_calls_always_parse_against_the_tools_schema(example_server, tool_c
             jsonschema.validate(json.loads(calls[0].function.arguments), params)
         else:
             assert content  # "auto" may answer in text instead
+
+
+def test_the_structured_output_example(example_server):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "structured_output.py"
+    out = subprocess.run([sys.executable, str(example), example_server.url + "/v1"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("command: ") and "tool call: get_weather({'city': " in out.stdout
