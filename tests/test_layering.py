@@ -2,7 +2,7 @@
 
 The layers, bottom to top (docs/DESIGN.md has the map):
 
-    core (constants, errors, config, jsonl, prompts) < bundle, kernels < backends < runtime < optimize
+    core (constants, errors, config, jsonl, prompts) < bundle, kernels < backends < runtime < optimize, checks
         < calibration, quantization < export < bench, serve, triton < cli
 
 Every import is checked, also those inside functions (lazy imports still create the dependency),
@@ -17,7 +17,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "specdeploy"
 CORE = ("constants", "errors", "config", "jsonl", "prompts")
-RANK = {"core": 0, "bundle": 1, "kernels": 1, "backends": 2, "runtime": 3, "optimize": 4, "calibration": 5, "quantization": 5,
+RANK = {"core": 0, "bundle": 1, "kernels": 1, "backends": 2, "runtime": 3, "optimize": 4, "checks": 4,
+        "calibration": 5, "quantization": 5,
         "feature_head": 6, "export": 7, "bench": 8, "serve": 8, "triton": 8, "cli": 9}
 HEAVY = {"torch", "transformers", "onnx", "onnxscript", "gguf", "accelerate", "matplotlib"}
 SERVING = {"starlette", "uvicorn", "tritonclient"}
@@ -28,6 +29,7 @@ BANNED = {
     "backends": HEAVY | SERVING,
     "runtime": HEAVY | SERVING,
     "optimize": (HEAVY - {"onnx"}) | SERVING,
+    "checks": (HEAVY - {"onnx"}) | SERVING,   # reads graphs with onnx, lazily
 }
 IMPORT_NOTHING_OF_OURS = ("constants", "errors")
 

@@ -44,7 +44,9 @@ def _row_independent_attention(query, key, value, attention_mask, scaling, softc
     groups = q_heads // kv_heads
     scaling = dim ** -0.5 if scaling is None else scaling
     stacked = (query * scaling).reshape(batch, kv_heads, -1, dim)               # [B, Hkv, G*S, D]
-    mask = attention_mask.expand(batch, 1, rows, -1).repeat(1, 1, groups, 1)  # [B, 1, G*S, T]
+    # [B, 1, G*S, T]: expanded and reshaped, not repeated (Tile has no boolean kernel on CUDA)
+    mask = attention_mask.expand(batch, 1, rows, -1).unsqueeze(2).expand(batch, 1, groups, rows, -1)
+    mask = mask.reshape(batch, 1, groups * rows, -1)
     if groups == 1:
         stacked, mask = torch.cat([stacked, stacked], dim=2), torch.cat([mask, mask], dim=2)
     scores = torch.matmul(stacked, key.transpose(2, 3))                        # [B, Hkv, G*S, T]
