@@ -10,8 +10,8 @@ from pathlib import Path
 
 import click
 
-from .constants import (BACKENDS, DEFAULT_BACKEND, DEFAULT_BUNDLE, DEFAULT_DRAFT_SOURCE, DEFAULT_LOOKUP_NGRAM,
-                        DEFAULT_MAX_CONTEXT, DEFAULT_NUM_DRAFT_TOKENS, DEFAULT_OPSET, DEFAULT_PREFILL_CHUNK,
+from .constants import (TARGETS, DEFAULT_TARGET, BACKENDS, DEFAULT_BACKEND, DEFAULT_BUNDLE, DEFAULT_DRAFT_SOURCE, DEFAULT_LOOKUP_NGRAM,
+                        DEFAULT_MAX_CONTEXT, DEFAULT_NUM_DRAFT_TOKENS, DEFAULT_PREFILL_CHUNK,
                         DEFAULT_INT4_KERNEL, DEFAULT_QUANT_METHOD, INT4_KERNEL_ALIASES, INT4_KERNELS, OPSETS,
                         PRECISIONS, PROVIDERS, QUANTIZED_PRECISIONS, QUANT_METHODS, QUARTER_EXIT, SOURCES)
 from .errors import SpecDeployError
@@ -170,19 +170,23 @@ def _ngram_option(default=DEFAULT_LOOKUP_NGRAM, purpose="recorded as the default
 @click.option("--no-validate", is_flag=True, help="Skip the ONNX Runtime vs PyTorch parity check.")
 @click.option("--backend", type=BACKEND, default=DEFAULT_BACKEND, show_default=True,
               help="tensorrt: also build TensorRT engines here (needs a GPU and TensorRT).")
-@click.option("--opset", type=click.Choice([str(o) for o in OPSETS]), default=str(DEFAULT_OPSET), show_default=True,
-              help="23: for ONNX Runtime 1.23 (the newest on Python 3.10, e.g. JetPack 6).")
+@click.option("--opset", type=click.Choice([str(o) for o in OPSETS]), default=None,
+              help="24 (default) or 23: for ONNX Runtime 1.23, the newest on Python 3.10 (jetson-orin's default).")
 @click.option("--feature-head", type=click.Path(path_type=Path), default=None,
               help="An EAGLE-3 head (train-head's output, or a published one) to add, with the features it reads (a bundle of any precision).")
 @click.option("--features", "head_features", is_flag=True,
               help="Also output the residual stream a feature head reads (its default three layers), so that "
                    "`train-head --bundle` can teacher-force with this bundle's own graphs.")
+@click.option("--target", type=click.Choice(TARGETS), default=DEFAULT_TARGET, show_default=True,
+              help="What the graphs are made for: cpu (specdeploy's operators, fused attention), cuda (ONNX Runtime "
+                   "GPU: MatMulNBits, attention as ops), tensorrt (also TensorRT's Q/DQ form), jetson-orin (that "
+                   "form at opset 23, no fp8). GPU targets are checked against their kernel tables.")
 @click.option("--sampling", "sampling", multiple=True, metavar="KEY=VALUE",
               help="A sampling default to record over the model's own (temperature, top_k, top_p, min_p, "
                    "repetition_penalty); used where a request says nothing. Repeatable.")
 def export(model, exit_layer, num_draft_tokens, max_context, output, draft_source, lookup_ngram, calibrate, precision,
            draft_precision, verify_precision, method, int4_kernel, prompts_file, no_validate, backend, opset,
-           feature_head, head_features, sampling):
+           feature_head, head_features, target, sampling):
     """Split MODEL (Hugging Face directory or .gguf) into a bundle of draft/verify graphs."""
     from .export import ExportConfig, export as run_export
     from .export.sampling_defaults import parse_options as parse_sampling
@@ -193,8 +197,8 @@ def export(model, exit_layer, num_draft_tokens, max_context, output, draft_sourc
         max_context=max_context, output=output, draft_source=draft_source, lookup_ngram=lookup_ngram,
         calibrate=calibrate, precision=precision, validate=not no_validate, prompts_file=prompts_file,
         draft_precision=draft_precision, verify_precision=verify_precision, method=method, backend=backend,
-        opset=int(opset), feature_head=feature_head, int4_kernel=int4_kernel, head_features=head_features,
-        sampling=parse_sampling(sampling),
+        opset=None if opset is None else int(opset), feature_head=feature_head, int4_kernel=int4_kernel,
+        head_features=head_features, sampling=parse_sampling(sampling), target=target,
     )
     click.echo(f"bundle written to {run_export(config, echo=click.echo)}")
 
@@ -315,23 +319,25 @@ def generate(bundle, prompt, max_tokens, temperature, greedy, top_k, top_p, min_
               help="Keep float offsets (a GGUF's Q4_1 / Q4_K minima, minmax / gptq) as an exact float32 term "
                    "beside each integer matmul instead of folding them into it (bitwise the file's minima; "
                    "slower).")
-@click.option("--attention", type=click.Choice(["fused", "ops"]), default="fused", show_default=True,
+@click.option("--attention", type=click.Choice(["fused", "ops"]), default=None,
               help="int4/int8: fused: each layer's attention as one ONNX Runtime GroupQueryAttention kernel "
-                   "(CPU provider; where its rows are independent here); ops: op by op (for --provider cuda).")
+                   "(CPU provider; where its rows are independent here); ops: op by op. Default: the target's.")
+@click.option("--target", type=click.Choice(TARGETS), default=DEFAULT_TARGET, show_default=True,
+              help="What the graphs are made for (as export's --target); GPU targets are checked against their kernel tables.")
 def quantize(bundle, precision, draft_precision, verify_precision, method, int4_kernel, prompts_file, output, tensorrt,
-             int4_block, two_rows, int4_head_bits, no_fuse, float_outliers, exact_offsets, attention):
+             int4_block, two_rows, int4_head_bits, no_fuse, float_outliers, exact_offsets, attention, target):
     """Write a quantized copy of the fp32 BUNDLE and print its quality report."""
     from .quantization.compute import ComputeOptions
-    from .quantization.options import QuantizeOptions
+    from .quantization.options import QuantizeOptions, for_target
     from .quantization.quantize import quantize as run_quantize
 
     compute = ComputeOptions(int4_block=None if int4_block == "auto" else int(int4_block), fuse=not no_fuse,
                              float_outliers=float_outliers, exact_offsets=exact_offsets,
-                             fused_attention=attention == "fused", head_bits=int(int4_head_bits),
+                             fused_attention=attention != "ops", head_bits=int(int4_head_bits),
                              two_rows={"auto": None, "always": True, "never": False}[two_rows],
                              int4_kernel=int4_kernel)
-    options = QuantizeOptions(precision, draft_precision, verify_precision, method, tensorrt, prompts_file,
-                              compute=compute)
+    options = for_target(QuantizeOptions(precision, draft_precision, verify_precision, method, tensorrt, prompts_file,
+                                         compute=compute), target, attention)
     path = run_quantize(bundle, output, options, click.echo)
     click.echo(f"quantized bundle written to {path}")
 

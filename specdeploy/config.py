@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .constants import (DEFAULT_PREFILL_CHUNK, INT4_KERNEL_ALIASES, INT4_KERNELS, MAX_DRAFT_TOKENS, MAX_NGRAM, PRECISIONS, QUANT_METHODS,
+from .constants import (TARGETS, DEFAULT_PREFILL_CHUNK, INT4_KERNEL_ALIASES, INT4_KERNELS, MAX_DRAFT_TOKENS, MAX_NGRAM, PRECISIONS, QUANT_METHODS,
                         SOURCES)
 from .errors import ConfigError
 
@@ -54,6 +54,49 @@ def check_int4_kernel(kernel: str) -> str:
     if kernel not in INT4_KERNELS:
         raise ConfigError(f"int4 kernel '{kernel}' is unknown; pick one of {', '.join(INT4_KERNELS)}")
     return kernel
+
+
+@dataclass(frozen=True)
+class TargetForm:
+    """What a target asks of a bundle's graphs. cpu: specdeploy's int4 operators and one fused
+    attention kernel a layer (ONNX Runtime's CPU GroupQueryAttention). cuda: int4 / int8 weights in
+    MatMulNBits and attention op by op (GroupQueryAttention has no float32 CUDA kernel). tensorrt:
+    also each integer graph's DequantizeLinear form, which TensorRT builds from. jetson-orin: that
+    form within JetPack 6's limits: opset 23 (its TensorRT 10.3 and onnxruntime 1.23 read no
+    opset 24), RMSNormalization as standard operators (TensorRT 10.3 has no importer for it) and no
+    fp8 (Orin has none)."""
+
+    name: str
+    int4_kernel: str | None      # the kernel the target needs (None: any)
+    fused_attention: bool
+    tensorrt_form: bool
+    opset: int | None = None     # the opset the target needs (None: any)
+    refused_precisions: tuple[str, ...] = ()
+    standard_norms: bool = False  # RMSNormalization as standard operators (TensorRT < 10.14 has no importer)
+
+
+TARGET_FORMS = {
+    "cpu": TargetForm("cpu", None, True, False),
+    "cuda": TargetForm("cuda", "matmulnbits", False, False),
+    "tensorrt": TargetForm("tensorrt", "matmulnbits", False, True),
+    "jetson-orin": TargetForm("jetson-orin", "matmulnbits", False, True, 23, ("fp8",), True),
+}
+
+
+def target_form(target: str, int4_kernel: str, opset: int | None, precisions=()) -> TargetForm:
+    """The form `target` asks for, checked against the options given with it (opset None: not asked)."""
+    if target not in TARGETS:
+        raise ConfigError(f"target '{target}' is unknown; pick one of {', '.join(TARGETS)}")
+    form = TARGET_FORMS[target]
+    if form.int4_kernel and int4_kernel not in ("auto", form.int4_kernel):
+        raise ConfigError(f"--int4-kernel {int4_kernel} is specdeploy's CPU operators, which --target {target} "
+                          f"cannot run; drop --int4-kernel (the target uses {form.int4_kernel})")
+    if form.opset and opset is not None and opset != form.opset:
+        raise ConfigError(f"--target {target} needs --opset {form.opset} (JetPack 6's TensorRT and ONNX Runtime)")
+    refused = [p for p in precisions if p in form.refused_precisions]
+    if refused:
+        raise ConfigError(f"--target {target} has no {refused[0]} (Orin has no FP8 units); use int8 or fp16")
+    return form
 
 
 def check_source(source: str) -> str:

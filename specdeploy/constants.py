@@ -44,6 +44,8 @@ PROVIDERS = ("cpu", "cuda", "tensorrt")   # ONNX Runtime execution providers
 # >= 1.25), 23 with ScatterND (ONNX Runtime 1.23, the newest for Python 3.10)
 OPSETS = (24, 23)
 DEFAULT_OPSET = 24
+TARGETS = ("cpu", "cuda", "tensorrt", "jetson-orin")  # what a bundle's graph forms are made for
+DEFAULT_TARGET = "cpu"
 
 DEFAULT_MAX_CONTEXT = 2048
 MAX_CONTEXT_RANGE = (16, 32768)

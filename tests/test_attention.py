@@ -63,7 +63,7 @@ def test_fused_attention_runs_on_the_cpu_provider_only(int4_bundle):
     from specdeploy.backends.onnxruntime import load_stages
 
     bundle, _ = int4_bundle
-    with pytest.raises(BackendError, match="--attention ops"):
+    with pytest.raises(BackendError, match="export it with --target cuda"):
         load_stages(bundle, manifest_io.read(bundle), provider="cuda")
     graph = manifest_io.read(bundle).graph("verify")
     with pytest.raises(ValueError, match="--tensorrt"):

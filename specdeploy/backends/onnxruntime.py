@@ -200,13 +200,18 @@ def check_opset(manifest: Manifest, version: str = ort.__version__) -> None:
 
 
 def check_provider(manifest: Manifest, provider: str) -> None:
-    """A bundle with fused attention runs on the CPU only: ONNX Runtime's GroupQueryAttention has no
-    float32 kernel on its GPU providers."""
+    """A bundle made for the CPU runs on the CPU only where it uses specdeploy's operators (CPU code)
+    or fused float32 attention (ONNX Runtime's GroupQueryAttention has no float32 kernel on its GPU
+    providers): refused in one line naming the target to export for."""
+    if provider == "cpu":
+        return
     fused = manifest.extra.get("fused_attention") or {}
-    if provider != "cpu" and any(fused.values()):
+    what = [w for w, used in (("specdeploy's int4 operators (CPU code)", manifest.operators),
+                              ("fused float32 attention (CPU GroupQueryAttention)", any(fused.values()))) if used]
+    if what:
         raise BackendError(
-            f"this bundle's attention is ONNX Runtime's CPU GroupQueryAttention, which --provider {provider} "
-            f"cannot run in float32; quantize the fp32 bundle again with --attention ops for that provider"
+            f"this bundle is made for --target {manifest.target}: its {' and '.join(what)} cannot run on --provider "
+            f"{provider}; export it with --target cuda (or quantize its fp32 bundle with --target cuda)"
         )
 
 
@@ -236,7 +241,7 @@ def load_stages(bundle: Path, manifest: Manifest, provider: str | None = None, t
             )
         except Exception as exc:
             raise BackendError(
-                f"ONNX Runtime {ort.__version__} cannot load {path.name}: {str(exc).splitlines()[0]}; "
+                f"ONNX Runtime {ort.__version__} cannot load {path.name}: {(str(exc).splitlines() or [repr(exc)])[0]}; "
                 f"re-export the bundle with this version of specdeploy"
             ) from exc
         # before the next session's load peaks on top of what this one freed or packed: the heap's

@@ -91,6 +91,7 @@ class Manifest:
     feature_vocab: str | None = None          # .npy of the token ids the feature head's rows draft
     operators: tuple[str, ...] = ()           # specdeploy's own operators the graphs use (kernels/): "q4_0.v2"
     sampling_defaults: SamplingDefaults | None = None  # the model's generation defaults (None: greedy)
+    target: str = "cpu"                       # what the graph forms are made for (config.TARGET_FORMS)
     files: dict[str, FileRecord] = field(default_factory=dict)  # every bound file; filled in by write()
     schema_version: int = SCHEMA_VERSION
     format: str = FORMAT

@@ -11,6 +11,7 @@ import types
 import typing
 
 from ..config import Penalties, SamplingParams, check_ngram, check_num_draft_tokens, check_precision, check_source
+from ..constants import TARGETS
 from ..errors import BundleError, ConfigError
 from . import io_names
 
@@ -140,6 +141,8 @@ def check(manifest) -> None:
     _agrees("draft_source", check_source, manifest.draft_source)
     _agrees("lookup_ngram", check_ngram, manifest.lookup_ngram)
     _check_sampling_defaults(manifest.sampling_defaults)
+    if manifest.target not in TARGETS:
+        fail("target", f"must be one of {', '.join(TARGETS)}, not {manifest.target!r}")
     if manifest.max_context < 1:
         fail("max_context", f"must be >= 1, not {manifest.max_context}")
     for name in (io_names.DRAFT, io_names.VERIFY, io_names.HEAD):

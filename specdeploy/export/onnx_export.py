@@ -57,10 +57,23 @@ def _export(module, args, names, path: Path, dynamic_shapes, opset: int = OPSET)
             external_data=True, optimize=False, verbose=False,
         )
     if not skeleton:
+        _standard_splits(path)
         return Traced(module, {})
     specs = {v.name: (tuple(v.shape), v.dtype.numpy()) for v in program.model.graph.initializers.values()}
     program.save(str(path), include_initializers=False)
+    _standard_splits(path)
     return Traced(module, specs)
+
+
+def _standard_splits(path: Path) -> None:
+    """Sequences the exporter made of `chunk` become Split nodes (optimize/decompose.py), in place."""
+    import onnx
+
+    from ..optimize.decompose import sequence_splits
+
+    model = onnx.load(str(path), load_external_data=False)
+    if sequence_splits(model):
+        onnx.save(model, str(path))
 
 
 @contextlib.contextmanager

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..config import (check_int4_kernel, check_method, check_ngram, check_num_draft_tokens, check_precision,
+from ..config import (TARGET_FORMS, target_form, check_int4_kernel, check_method, check_ngram, check_num_draft_tokens, check_precision,
                       check_source)
-from ..constants import (BACKENDS, DEFAULT_BACKEND, DEFAULT_INT4_KERNEL, DEFAULT_BUNDLE, DEFAULT_DRAFT_SOURCE, DEFAULT_LOOKUP_NGRAM,
+from ..constants import (DEFAULT_TARGET, BACKENDS, DEFAULT_BACKEND, DEFAULT_INT4_KERNEL, DEFAULT_BUNDLE, DEFAULT_DRAFT_SOURCE, DEFAULT_LOOKUP_NGRAM,
                          DEFAULT_MAX_CONTEXT, DEFAULT_NUM_DRAFT_TOKENS, DEFAULT_OPSET,
                          MAX_CONTEXT_RANGE, DEFAULT_QUANT_METHOD, OPSETS, QUARTER_EXIT)
 from ..errors import ConfigError
@@ -42,16 +42,23 @@ class ExportConfig:
     prompts_file: Path | None = None               # extra calibration prompts (JSONL)
     validate: bool = True
     backend: str = DEFAULT_BACKEND                 # "tensorrt": also build engines on this machine
-    opset: int = DEFAULT_OPSET                     # 23: ScatterND KV writes, for ONNX Runtime < 1.25
+    opset: int | None = None                       # None: the target's (24, or 23 for jetson-orin); 23: ScatterND KV writes
     feature_layers: tuple[int, ...] = ()           # layers whose input the graphs also output (a feature head's)
     head_features: bool = False                    # also output the layers a feature head reads by default (train-head --bundle)
     feature_head: Path | None = None               # an EAGLE-3 head to add (its layers become feature_layers)
     int4_kernel: str = DEFAULT_INT4_KERNEL         # what computes int4 weights (constants.INT4_KERNELS)
     sampling: dict = field(default_factory=dict)   # sampling defaults to record over the model's own (KEYS)
+    target: str = DEFAULT_TARGET                   # the graph forms: constants.TARGETS (config.TARGET_FORMS)
 
     def __post_init__(self):
         object.__setattr__(self, "source", Path(self.source))
         object.__setattr__(self, "output", Path(self.output))
+        if self.target in TARGET_FORMS and self.opset is None:
+            object.__setattr__(self, "opset", TARGET_FORMS[self.target].opset or DEFAULT_OPSET)
+        form = target_form(self.target, self.int4_kernel, self.opset,
+                           (self.precision, self.draft_precision, self.verify_precision))
+        if form.int4_kernel:
+            object.__setattr__(self, "int4_kernel", form.int4_kernel)
         if self.opset not in OPSETS:
             raise ConfigError(f"opset={self.opset} is not supported; pick 24 (default) or 23 (ONNX Runtime 1.23)")
         if isinstance(self.exit_layer, str) and self.exit_layer != QUARTER_EXIT:
@@ -87,9 +94,12 @@ class ExportConfig:
         from ..quantization.compute import ComputeOptions
         from ..quantization.options import QuantizeOptions
 
+        form = TARGET_FORMS[self.target]
         return QuantizeOptions(self.precision or "fp32", self.draft_precision, self.verify_precision, self.method,
-                               tensorrt=self.backend == "tensorrt", prompts_file=self.prompts_file,
-                               compute=ComputeOptions(int4_kernel=self.int4_kernel))
+                               tensorrt=self.backend == "tensorrt" or form.tensorrt_form, prompts_file=self.prompts_file,
+                               compute=ComputeOptions(int4_kernel=self.int4_kernel,
+                                                      fused_attention=form.fused_attention),
+                               target=self.target)
 
     @property
     def needs_calibration(self) -> bool:
@@ -150,6 +160,10 @@ def _export(config: ExportConfig, echo, calibration) -> Path:
         del model, streamed  # quantizing reads the graphs, never the model
         final = _quantized(staging, config, echo, calibration) if config.quantized else staging
         mark("quantizing" if config.quantized else "writing the bundle")
+        if config.target != DEFAULT_TARGET and not config.quantized:  # a quantized copy reported its own
+            from ..quantization.quantize import kernel_report
+
+            echo(kernel_report(final, config.target))
         if config.backend == "tensorrt":
             from ..backends.tensorrt.build import build_engines
 

@@ -105,7 +105,7 @@ def build_manifest(model, tokenizer, config, name: str) -> Manifest:
         max_context=config.max_context,
         graphs=decoder_graphs(config.exit_layer, info.num_layers, layers),
         draft_source=config.draft_source, lookup_ngram=config.lookup_ngram, opset=config.opset,
-        feature_layers=layers, sampling_defaults=recorded(config.source, config.sampling),
+        feature_layers=layers, sampling_defaults=recorded(config.source, config.sampling), target=config.target,
     )
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ..bundle import io_names
 from ..config import check_method, check_precision
-from ..constants import DEFAULT_QUANT_METHOD
+from ..constants import DEFAULT_QUANT_METHOD, DEFAULT_TARGET
 from ..errors import ConfigError
 from .compute import ComputeOptions
 
@@ -27,6 +27,7 @@ class QuantizeOptions:
     prompts_file: Path | None = None
     report: bool = True
     compute: ComputeOptions = ComputeOptions()
+    target: str = DEFAULT_TARGET  # recorded in the manifest; its graph forms are `compute`'s and `tensorrt`
 
     def __post_init__(self):
         for p in (self.precision, self.draft_precision, self.verify_precision):
@@ -54,3 +55,21 @@ class QuantizeOptions:
         from .feeds import calibration_texts
 
         return calibration_texts(self.prompts_file, every=self.method == "gptq")
+
+
+def for_target(options: QuantizeOptions, target: str, attention: str | None = None) -> QuantizeOptions:
+    """`options` with the graph forms `target` asks for (config.TARGET_FORMS); `attention` ("fused" or
+    "ops") where the caller chose one, which a GPU target refuses if fused."""
+    import dataclasses
+
+    from ..config import target_form
+
+    form = target_form(target, options.compute.int4_kernel, None,
+                       (options.precision, options.draft_precision, options.verify_precision))
+    if attention == "fused" and not form.fused_attention:
+        raise ConfigError(f"--attention fused is ONNX Runtime's CPU GroupQueryAttention, which --target {target} "
+                          f"cannot run in float32; drop --attention")
+    fused = form.fused_attention if attention is None else attention == "fused"
+    compute = dataclasses.replace(options.compute, int4_kernel=form.int4_kernel or options.compute.int4_kernel,
+                                  fused_attention=fused)
+    return dataclasses.replace(options, compute=compute, tensorrt=options.tensorrt or form.tensorrt_form, target=target)

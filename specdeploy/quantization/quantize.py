@@ -28,6 +28,7 @@ from .. import prompts
 from ..backends import attention_window, residency
 from ..bundle import io_names
 from ..bundle import manifest as manifest_io
+from ..config import TARGET_FORMS
 from ..errors import ConfigError, RowDependenceError, require
 from ..optimize import gqa_probe
 from ..runtime.memory_log import mark, recording
@@ -208,7 +209,7 @@ def quantize_bundle(bundle: Path, options: QuantizeOptions, texts: list[str] | N
             shutil.move(str(out / name), str(bundle / name))
     graphs = {n: dataclasses.replace(g, precision=plan[n]) for n, g in manifest.graphs.items()}
     if options.tensorrt:
-        graphs = _tensorrt_forms(bundle, graphs, echo)
+        graphs = _tensorrt_forms(bundle, graphs, echo, TARGET_FORMS[options.target].standard_norms)
     extra = _extra(manifest.extra, counts, bundle, graphs, plan, compute)
     from .operators import in_place_table, names
 
@@ -218,7 +219,7 @@ def quantize_bundle(bundle: Path, options: QuantizeOptions, texts: list[str] | N
 
         extra[IN_PLACE_KEY] = in_place_table(bundle, graphs)
     seal(bundle, manifest.replace(graphs=graphs, precision=options.label(plan), extra=extra,
-                                  kv_spare_rows=int(unfused is None), operators=operators), echo)
+                                  kv_spare_rows=int(unfused is None), operators=operators, target=options.target), echo)
     mark("checking row independence")
     return bundle
 
@@ -239,7 +240,7 @@ def _extra(extra: dict, counts: dict[str, dict[str, int]], bundle: Path, graphs:
     return extra
 
 
-def _tensorrt_forms(bundle: Path, graphs: dict, echo) -> dict:
+def _tensorrt_forms(bundle: Path, graphs: dict, echo, standard_norms: bool = False) -> dict:
     from . import tensorrt_form
 
     out = dict(graphs)
@@ -247,7 +248,7 @@ def _tensorrt_forms(bundle: Path, graphs: dict, echo) -> dict:
         if graph.precision in COMPUTE_FORMS:
             file = Path(graph.file).stem + tensorrt_form.SUFFIX
             try:
-                count = tensorrt_form.write(bundle / graph.file, bundle / file)
+                count = tensorrt_form.write(bundle / graph.file, bundle / file, standard_norms)
             except ValueError as exc:
                 raise ConfigError(f"the {name} graph has no exact TensorRT form: {exc}") from None
             out[name] = graph.__class__(**{**graph.__dict__, "tensorrt_file": file})
@@ -337,7 +338,22 @@ def quantized_copy(source: Path, target: Path, options: QuantizeOptions,
         quantized = manifest_io.write(target, manifest_io.read(target).replace(quality=result))
         echo(format_quality(quantized.precision, result))
         mark("measuring the quality report")
+    if options.target != "cpu":
+        echo(kernel_report(target, options.target))
     return target
+
+
+def kernel_report(bundle: Path, target: str) -> str:
+    """One line (more where operators lack one) on whether every graph operator has a kernel on `target`."""
+    from ..checks.kernel_coverage import TARGET_TABLES, check, summary, table
+
+    source = table(TARGET_TABLES[target][1])
+    missing = summary(check(bundle, target))
+    where = f"{source.get('provider', 'the ONNX parser')} of {source['version'].split(' (')[0]}"
+    if not missing:
+        return f"kernels: every operator of the graphs has one on --target {target} ({where})"
+    return "\n".join([f"kernels: {len(missing)} operator(s) have none on --target {target} ({where}):",
+                      *(f"  {line}" for line in missing)])
 
 
 def quantize(source: Path, output: Path, options: QuantizeOptions, echo: Callable[[str], None] = print) -> Path:

@@ -167,8 +167,9 @@ def _read(nodes: list, outputs: set) -> list:
     return [n for n in nodes if n.op_type != "Concat" or n.output[0] in read]
 
 
-def write(src: Path, dst: Path) -> int:
-    """The TensorRT-facing copy of graph `src` at `dst` (its own external data file)."""
+def write(src: Path, dst: Path, standard_norms: bool = False) -> int:
+    """The TensorRT-facing copy of graph `src` at `dst` (its own external data file); `standard_norms`:
+    RMSNormalization as the operators it is defined by (TensorRT before 10.14: optimize/decompose.py)."""
     import onnx
 
     model = onnx.load(str(src))
@@ -176,5 +177,9 @@ def write(src: Path, dst: Path) -> int:
         raise ValueError("its attention is ONNX Runtime's GroupQueryAttention; quantize with --tensorrt "
                          "(or --attention ops), which keeps attention op by op")
     count = convert(model)
+    if standard_norms:
+        from ..optimize.decompose import rms_norms
+
+        rms_norms(model)
     onnx.save(model, str(dst), save_as_external_data=True, location=dst.name + ".data")
     return count
