@@ -272,7 +272,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.unit)
         if item.get_closest_marker("long") and not long:  # the marker, not a test or parameter named so
             item.add_marker(pytest.mark.skip(reason="a long end-to-end run: `scripts/test.sh --long` runs it"))
-        if "gpu" in item.keywords and not gpu:
+        if item.get_closest_marker("gpu") and not gpu:  # markers, not tests or parameters named so
             item.add_marker(pytest.mark.skip(reason="no NVIDIA GPU with a working CUDA driver"))
-        if "tensorrt" in item.keywords and not trt:
+        if item.get_closest_marker("tensorrt") and not trt:
             item.add_marker(pytest.mark.skip(reason="the tensorrt package is not installed"))

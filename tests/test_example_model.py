@@ -258,3 +258,14 @@ def test_the_structured_output_example(example_server):
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("command: ") and "tool call: get_weather({'city': " in out.stdout
+
+
+@pytest.mark.parametrize("target", ["cuda", "tensorrt"])
+def test_the_examples_gpu_forms_have_every_kernel(example_bundle, tmp_path, target):
+    from specdeploy.checks import kernel_coverage as kc
+    from specdeploy.quantization.options import QuantizeOptions, for_target
+    from specdeploy.quantization.quantize import quantize
+
+    options = for_target(QuantizeOptions("int4", method="rtn", report=False), target)
+    out = quantize(example_bundle, tmp_path / f"{target}.plan", options, echo=lambda s: None)
+    assert kc.summary(kc.check(out, target)) == []
