@@ -84,15 +84,23 @@ class Decoder:
         if settings.speculative and settings.draft_source not in self.drafters:
             raise ConfigError(f"draft_source='{settings.draft_source}' needs a feature head, which this bundle lacks; "
                               f"export it with --feature-head HEAD_DIR (train one with 'specdeploy train-head')")
-        if settings.speculative and settings.num_draft_tokens + 1 > self.model.max_rows:
-            raise ConfigError(
-                f"num_draft_tokens={settings.num_draft_tokens} needs {settings.num_draft_tokens + 1} rows per "
-                f"verify pass, more than the {self.model.max_rows} the engines were built for; lower it or "
-                f"rebuild them with 'specdeploy build-engines BUNDLE --max-prompt {settings.num_draft_tokens + 1}'"
-            )
+        self._check_rows(settings)
         if settings.response_format is not None:
             self._grammars().constraint(settings.response_format)  # compiles: a bad schema is refused now
         return settings
+
+    def _check_rows(self, settings: DecodeSettings) -> None:
+        rows = settings.num_draft_tokens + 1
+        if not settings.speculative or rows <= (self.model.fixed_rows or self.model.max_rows):
+            return
+        if self.model.fixed_rows:
+            raise ConfigError(f"num_draft_tokens={settings.num_draft_tokens} needs {rows} rows per verify pass, more "
+                              f"than the {self.model.fixed_rows} every pass carries here (fixed_rows); lower it or "
+                              f"open the engine with fixed_rows={rows}")
+        raise ConfigError(
+            f"num_draft_tokens={settings.num_draft_tokens} needs {rows} rows per verify pass, more than the "
+            f"{self.model.max_rows} the engines were built for; lower it or rebuild them with "
+            f"'specdeploy build-engines BUNDLE --max-prompt {rows}'")
 
     def _first(self, logits: np.ndarray, processor: RowProcessor, params: SamplingParams, rng, top) -> Emitted:
         """The first token, from the prompt's last logits row [1, V]."""

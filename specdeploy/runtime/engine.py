@@ -14,7 +14,7 @@ import numpy as np
 from ..backends import load_stages
 from ..bundle import manifest as manifest_io
 from ..config import GenerationConfig, check_prefill_chunk
-from ..constants import DEFAULT_BACKEND, DEFAULT_PREFILL_CHUNK
+from ..constants import DEFAULT_BACKEND, DEFAULT_PREFILL_CHUNK, MAX_DRAFT_TOKENS
 from ..errors import ConfigError
 from . import row_check
 from .decoder import Decoder
@@ -48,10 +48,14 @@ class Result:
 
 class Engine:
     def __init__(self, bundle: Path, backend: str = DEFAULT_BACKEND, provider: str | None = None,
-                 threads: int | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK, prefix_reuse: bool = True):
+                 threads: int | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK, prefix_reuse: bool = True,
+                 fixed_rows: int | None = None):
         """`provider` (ONNX Runtime only): cpu (default), cuda or tensorrt; `threads`: intra-op threads;
         `prefill_chunk`: the most prompt rows one prefill pass carries (fewer: a lower peak memory);
-        `prefix_reuse`: prefill a prompt only from where it leaves the last sequence's tokens."""
+        `prefix_reuse`: prefill a prompt only from where it leaves the last sequence's tokens;
+        `fixed_rows`: every decoding pass carries this many rows (SplitModel.set_fixed_rows), what a GPU
+        needs for a verify row to be the one-row step: the default on a GPU (MAX_DRAFT_TOKENS + 1, or the
+        engines' largest profile), off on the CPU, whose kernels compute a row alike at any row count."""
         check_prefill_chunk(prefill_chunk)
         self.bundle = Path(bundle)
         self.manifest = manifest_io.read(self.bundle)
@@ -60,6 +64,10 @@ class Engine:
         self.tokenizer = Tokenizer(self.bundle / m.tokenizer, template, m.model.bos_token_id)
         stages = load_stages(self.bundle, m, backend=backend, provider=provider, threads=threads)
         self.model = SplitModel(m, stages)
+        on_gpu = backend == "tensorrt" or (provider or "cpu") != "cpu"
+        fixed_rows = fixed_rows or (min(self.model.max_rows, MAX_DRAFT_TOKENS + 1) if on_gpu else None)
+        if fixed_rows:
+            self.model.set_fixed_rows(check_prefill_chunk(fixed_rows))
         if backend == "onnxruntime":
             try:
                 self.row_check = row_check.verify_at_load(self.model, provider or "cpu")
@@ -69,7 +77,8 @@ class Engine:
         vocab = np.load(self.bundle / m.draft_vocab) if m.draft_vocab else None
         feature_vocab = np.load(self.bundle / m.feature_vocab) if m.feature_vocab else None
         self.decoder = Decoder(self.model, vocab, m.confidence_threshold, prefill_chunk, feature_vocab, self.bundle)
-        self.decoder.reuse = self.decoder.reuse and prefix_reuse
+        # a fixed row count makes rows alike within a generation, not across passes of other sizes
+        self.decoder.reuse = self.decoder.reuse and prefix_reuse and not fixed_rows
 
     def encode_prompt(self, prompt) -> list[int]:
         """Token ids of a plain string, or of chat messages rendered with the chat template."""

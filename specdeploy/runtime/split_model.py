@@ -29,6 +29,7 @@ class SplitModel:
         self._write_index = np.zeros(1, dtype=np.int64)                        # [1]
         self._ids = np.zeros((1, self.max_context), dtype=np.int64)            # [1, N]
         self.kept = 0  # KV rows [0, kept) hold the decoder's history: no pass has written there since
+        self.fixed_rows: int | None = None  # every pass carries this many rows (GPU kernels: set_fixed_rows)
         self.outputs: dict[str, dict] = {}  # each decoder graph's last outputs (views until its next pass)
         self.after_verify = None  # called with (start, rows) after each verify pass (a feature head's drafter)
         width = (self.max_rows, len(manifest.feature_layers), manifest.model.hidden_size)
@@ -48,21 +49,57 @@ class SplitModel:
             io_names.ATTENTION_MASK: self._ones[:, : start + rows],
         }
 
+    def set_fixed_rows(self, rows: int) -> None:
+        """Carry exactly `rows` rows in every pass from now on, the rows past a pass's own padded
+        (the last token repeated, zero hidden rows) and their outputs dropped.
+
+        The identity rule for GPU kernels: cuBLAS and TensorRT may pick another reduction order for
+        another row count, so a verify row is bitwise the one-row step only if both carry the same
+        rows. Padded rows sit after the pass's own, where causal attention keeps them from the real
+        rows, and their KV rows lie past the valid length, invisible and overwritten like rejected
+        drafts. Within the last `rows` positions of the context a pass carries what is left."""
+        self.fixed_rows = rows
+
+    def _carried(self, rows: int, start: int) -> int:
+        if self.fixed_rows is None or rows >= self.fixed_rows:
+            return rows
+        return max(rows, min(self.fixed_rows, self.max_context - start))
+
+    def _ids_for(self, tokens, carried: int) -> np.ndarray:
+        ids = self._ids[:, :carried]                                            # [1, R]
+        ids[0, : len(tokens)] = tokens
+        ids[0, len(tokens):] = tokens[-1]
+        return ids
+
+    @staticmethod
+    def _padded(hidden: np.ndarray, carried: int) -> np.ndarray:
+        if carried == hidden.shape[0]:
+            return hidden[None]
+        out = np.zeros((1, carried, hidden.shape[1]), hidden.dtype)           # [1, R, H]
+        out[0, : hidden.shape[0]] = hidden
+        return out
+
+    @staticmethod
+    def _own(outputs: dict, rows: int) -> dict:
+        """A pass's outputs for its own rows (views)."""
+        return {name: value[:, :rows] if value.ndim >= 2 else value for name, value in outputs.items()}
+
     def draft_pass(self, tokens, start: int) -> np.ndarray:
         """Draft graph over `tokens` written at rows [start, start+S): returns h_k [S, H]."""
         rows = len(tokens)
-        ids = self._ids[:, :rows]
-        ids[0, :] = tokens
-        feeds = {io_names.INPUT_IDS: ids, **self._positional(start, rows)}
-        self.outputs[io_names.DRAFT] = self.draft_stage.run(feeds)
+        carried = self._carried(rows, start)
+        feeds = {io_names.INPUT_IDS: self._ids_for(tokens, carried), **self._positional(start, carried)}
+        self.outputs[io_names.DRAFT] = self._own(self.draft_stage.run(feeds), rows)
         return self.outputs[io_names.DRAFT][io_names.HIDDEN_OUT][0]
 
     def verify_pass(self, hidden: np.ndarray, start: int) -> np.ndarray:
         """Verify graph over h_k rows [S, H] at rows [start, start+S): final hidden [S, H]."""
-        feeds = {io_names.HIDDEN_IN: hidden[None], **self._positional(start, hidden.shape[0])}
-        self.outputs[io_names.VERIFY] = self.verify_stage.run(feeds)
+        rows = hidden.shape[0]
+        carried = self._carried(rows, start)
+        feeds = {io_names.HIDDEN_IN: self._padded(hidden, carried), **self._positional(start, carried)}
+        self.outputs[io_names.VERIFY] = self._own(self.verify_stage.run(feeds), rows)
         if self.after_verify is not None:
-            self.after_verify(start, hidden.shape[0])
+            self.after_verify(start, rows)
         return self.outputs[io_names.VERIFY][io_names.HIDDEN_OUT][0]
 
     def features(self) -> np.ndarray:
@@ -75,18 +112,19 @@ class SplitModel:
 
     def project_features(self, features: np.ndarray) -> np.ndarray:
         """A feature head's input [S, H] from features [S, 3, T] (the feature_fc graph)."""
-        feeds = {io_names.FEATURES: features.reshape(1, features.shape[0], -1)}
-        return self.stages[io_names.FEATURE_FC].run(feeds)[io_names.HIDDEN_OUT][0]
+        rows = features.shape[0]
+        flat = self._padded(features.reshape(rows, -1), self._carried(rows, 0))
+        return self.stages[io_names.FEATURE_FC].run({io_names.FEATURES: flat})[io_names.HIDDEN_OUT][0, :rows]
 
     def feature_head_pass(self, hidden: np.ndarray, tokens, start: int) -> tuple[np.ndarray, np.ndarray]:
         """The feature head over rows [start, start+S): each row's hidden [S, H] (projected features
         or its own output) with the token after it. Returns (draft logits [S, V'], hidden out [S, H])."""
         rows = len(tokens)
-        ids = self._ids[:, :rows]
-        ids[0, :] = tokens
-        feeds = {io_names.HIDDEN_IN: hidden[None], io_names.INPUT_IDS: ids, **self._positional(start, rows)}
+        carried = self._carried(rows, start)
+        feeds = {io_names.HIDDEN_IN: self._padded(hidden, carried), io_names.INPUT_IDS: self._ids_for(tokens, carried),
+                 **self._positional(start, carried)}
         out = self.stages[io_names.FEATURE_HEAD].run(feeds)
-        return out[io_names.LOGITS][0], out[io_names.HIDDEN_OUT][0]
+        return out[io_names.LOGITS][0, :rows], out[io_names.HIDDEN_OUT][0, :rows]
 
     def prefill(self, tokens, chunk: int, start: int = 0) -> np.ndarray:
         """Both graphs over the prompt's rows [start, len) in passes of at most `chunk` rows (the rows
@@ -105,11 +143,15 @@ class SplitModel:
 
     def logits(self, hidden: np.ndarray) -> np.ndarray:
         """Full-vocabulary logits [N, V] of final hidden rows [N, H]."""
-        return self.head_stage.run({io_names.HIDDEN_IN: hidden[None]})[io_names.LOGITS][0]
+        rows = hidden.shape[0]
+        feeds = {io_names.HIDDEN_IN: self._padded(hidden, self._carried(rows, 0))}
+        return self.head_stage.run(feeds)[io_names.LOGITS][0, :rows]
 
     def draft_logits(self, hidden: np.ndarray) -> np.ndarray:
         """Draft logits [N, V'] of h_k rows [N, H] (exit adapter and draft vocabulary applied)."""
-        return self.draft_head_stage.run({io_names.HIDDEN_IN: hidden[None]})[io_names.LOGITS][0]
+        rows = hidden.shape[0]
+        feeds = {io_names.HIDDEN_IN: self._padded(hidden, self._carried(rows, 0))}
+        return self.draft_head_stage.run(feeds)[io_names.LOGITS][0, :rows]
 
     def close(self) -> None:
         for stage in self.stages.values():
