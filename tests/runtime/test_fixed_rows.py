@@ -14,7 +14,7 @@ PROMPTS = [[int(t) for t in np.random.default_rng(s).integers(2, 96, 11)] for s 
 
 def rows_seen(engine, monkeypatch) -> list[int]:
     seen = []
-    for name, stage in engine.model.stages.items():
+    for stage in engine.model.stages.values():
         run = stage.run
 
         def counted(feeds, run=run):
