@@ -7,7 +7,6 @@ from specdeploy.quantization.compute import ComputeOptions
 from specdeploy.quantization.options import QuantizeOptions
 from specdeploy.quantization.quantize import quantize
 
-pytestmark = pytest.mark.unit
 CUDA = kc.table("onnxruntime-gpu-1.31.1-cuda.json")
 TENSORRT = kc.table("tensorrt-10.16-onnx-parser.json")
 
@@ -52,6 +51,7 @@ def quantized(bundle, tmp_path, name, **options):
                     echo=lambda s: None)
 
 
+@pytest.mark.integration  # quantizes: not the fast tier
 def test_the_gpu_forms_have_every_kernel(tiny_bundle, tmp_path):
     assert kc.check(tiny_bundle, "cuda") == []                                          # fp32
     cuda = quantized(tiny_bundle, tmp_path, "cuda", int4_kernel="matmulnbits", fused_attention=False)
@@ -60,6 +60,7 @@ def test_the_gpu_forms_have_every_kernel(tiny_bundle, tmp_path):
     assert kc.summary(kc.check(tensorrt, "tensorrt")) == []
 
 
+@pytest.mark.integration  # quantizes: not the fast tier
 def test_the_cpu_form_is_named_for_what_cuda_lacks(tiny_bundle, tmp_path):
     cpu = quantized(tiny_bundle, tmp_path, "cpu")  # specdeploy's operators, fused float32 attention
     lines = kc.summary(kc.check(cpu, "cuda"))

@@ -48,7 +48,7 @@ def test_options_a_target_cannot_take_are_refused(tmp_path, options, fragment):
         ExportConfig(source=tmp_path, exit_layer=2, **options)
 
 
-@unit
+@pytest.mark.integration  # quantizes: not the fast tier
 def test_quantize_for_cuda_records_the_target_and_reports_every_kernel(tiny_bundle, tmp_path):
     out = tmp_path / "cuda.plan"
     result = cli("quantize", tiny_bundle, "--precision", "int4", "--target", "cuda", "-o", out)
@@ -62,7 +62,7 @@ def test_quantize_for_cuda_records_the_target_and_reports_every_kernel(tiny_bund
     assert refused.exit_code == 1 and "drop --attention" in refused.output
 
 
-@unit
+@pytest.mark.integration  # quantizes: not the fast tier
 def test_a_cpu_bundle_is_refused_on_cuda_naming_the_target(tiny_bundle, tmp_path):
     cpu = tmp_path / "cpu.plan"
     assert cli("quantize", tiny_bundle, "--precision", "int4", "-o", cpu).exit_code == 0
@@ -74,7 +74,7 @@ class SessionSeen(Exception):
     pass
 
 
-@unit
+@pytest.mark.integration  # quantizes: not the fast tier
 def test_provider_cuda_takes_a_cuda_bundle_with_the_session_it_needs(tiny_bundle, tmp_path, monkeypatch):
     """No onnxruntime-gpu here: the provider's absence is one line; with it (its provider list and
     session faked), the CUDA bundle's graphs reach a session with the CUDA provider first."""

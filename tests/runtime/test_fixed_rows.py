@@ -8,7 +8,6 @@ from specdeploy.config import GenerationConfig
 from specdeploy.errors import ConfigError
 from specdeploy.runtime.engine import Engine
 
-pytestmark = pytest.mark.unit
 PROMPTS = [[int(t) for t in np.random.default_rng(s).integers(2, 96, 11)] for s in range(3)]
 
 
@@ -45,6 +44,7 @@ def test_drafts_beyond_the_fixed_rows_are_refused(tiny_bundle):
             engine.generate_ids([5, 6], GenerationConfig(num_draft_tokens=4, max_new_tokens=4))
 
 
+@pytest.mark.integration  # the head bundle's export: not the fast tier
 def test_a_feature_head_drafts_alike_under_fixed_rows(head_bundle):
     bundle, _ = head_bundle
     with Engine(bundle, fixed_rows=6) as padded, Engine(bundle) as unpadded:
