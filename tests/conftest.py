@@ -149,6 +149,12 @@ def tiny_config_for():
 
 
 @pytest.fixture(scope="session")
+def export_tiny_for():
+    """export_tiny as a fixture (a module's `from conftest import ...` may find another directory's conftest)."""
+    return export_tiny
+
+
+@pytest.fixture(scope="session")
 def checkpoint_script():
     """scripts/make_checkpoint.py as a module (it is a script, not part of the package)."""
     import importlib.util

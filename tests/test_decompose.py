@@ -54,3 +54,17 @@ def test_a_chunked_sequence_becomes_one_split():
     assert sequence_splits(model) == 1
     assert {n.op_type for n in model.graph.node} == {"Split", "Sub"}
     assert np.array_equal(run(model, x), expected)
+
+
+def test_a_slice_read_twice_is_left_as_a_sequence():
+    from specdeploy.optimize.decompose import sequence_splits
+
+    nodes = [helper.make_node("SplitToSequence", ["x", "size"], ["seq"], axis=-1),
+             helper.make_node("SequenceAt", ["seq", "zero"], ["a"]),
+             helper.make_node("SequenceAt", ["seq", "zero"], ["b"]),
+             helper.make_node("Sub", ["a", "b"], ["y"])]
+    inits = [numpy_helper.from_array(np.array(8, np.int64), "size"), numpy_helper.from_array(np.array(0, np.int64), "zero")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    assert sequence_splits(model) == 0 and len(model.graph.node) == 4

@@ -13,7 +13,8 @@ initializer when a session loads, and an operator ONNX defines by a function (Ca
 into that function's operators where no kernel takes it: neither needs a kernel of its own. TensorRT's parser imports the
 default domain only and lists one set of types an operator, the types of its data: the node's first
 typed input is checked against it (a comparison's boolean output, a dequantization's float output
-are what those operators make).
+are what those operators make). Node versions come from the installed ONNX Runtime's schemas
+(it knows every opset up to its own release: the project's is newer than the tables').
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ class Node:
     types: tuple[tuple[str, str], ...]       # (constraint name, element type) of each typed argument
     fixed: tuple[str, ...] = ()               # element types of arguments whose schema fixes them
     expandable: bool = False                  # ONNX defines it by a function of other operators
+    opset: int = 0                            # the graph's opset for the node's domain
 
 
 @dataclass(frozen=True)
@@ -81,12 +83,12 @@ def nodes(path: Path, graph_name: str) -> list[Node]:
         domain = node.domain or DEFAULT_DOMAIN
         versions = [(v, s) for v, s in schemas.get((domain, node.op_type), []) if v <= opsets.get(domain, 1)]
         if not versions:
-            out.append(Node(graph_name, domain, node.op_type, opsets.get(domain, 1), ()))
+            out.append(Node(graph_name, domain, node.op_type, opsets.get(domain, 1), (), opset=opsets.get(domain, 1)))
             continue
         version, schema = max(versions, key=lambda pair: pair[0])
         typed, fixed = _argument_types(node, schema, types)
         expandable = _defined_by_function(onnx, domain, node.op_type, version)
-        out.append(Node(graph_name, domain, node.op_type, version, typed, fixed, expandable))
+        out.append(Node(graph_name, domain, node.op_type, version, typed, fixed, expandable, opsets.get(domain, 1)))
     return out
 
 
@@ -172,9 +174,11 @@ def _with_types(model, known: dict):
     return model
 
 
-ELEMENT_CODES = {1: "tensor(float)", 2: "tensor(uint8)", 3: "tensor(int8)", 6: "tensor(int32)", 7: "tensor(int64)",
-                 9: "tensor(bool)", 10: "tensor(float16)", 11: "tensor(double)", 16: "tensor(bfloat16)",
-                 17: "tensor(float8e4m3fn)", 21: "tensor(uint4)", 22: "tensor(int4)"}
+ELEMENT_CODES = {1: "tensor(float)", 2: "tensor(uint8)", 3: "tensor(int8)", 4: "tensor(uint16)", 5: "tensor(int16)",
+                 6: "tensor(int32)", 7: "tensor(int64)", 8: "tensor(string)", 9: "tensor(bool)", 10: "tensor(float16)",
+                 11: "tensor(double)", 12: "tensor(uint32)", 13: "tensor(uint64)", 16: "tensor(bfloat16)",
+                 17: "tensor(float8e4m3fn)", 18: "tensor(float8e4m3fnuz)", 19: "tensor(float8e5m2)",
+                 20: "tensor(float8e5m2fnuz)", 21: "tensor(uint4)", 22: "tensor(int4)", 23: "tensor(float4e2m1)"}
 
 
 def _version_matches(since: list, version: int) -> bool:
@@ -199,7 +203,7 @@ def missing_onnxruntime(found: list[Node], kernels: dict) -> list[Missing]:
         candidates = rows.get((node.domain, node.op), [])
         if node.op == "Constant" and node.domain == DEFAULT_DOMAIN:
             continue  # an initializer once the session loads
-        if node.domain == DEFAULT_DOMAIN and limit and node.version > limit:
+        if node.domain == DEFAULT_DOMAIN and limit and max(node.version, node.opset) > limit:
             out.append(Missing(node, f"ONNX Runtime {kernels['version']} supports the default domain to opset {limit}"))
         elif not candidates and not node.expandable:
             out.append(Missing(node, f"no {kernels['provider']} kernel in ONNX Runtime {kernels['version']}"))

@@ -114,11 +114,16 @@ def _split_sizes(node, consts: dict, shapes: dict, uses: dict) -> list[int] | No
     if split is None:
         return None
     if split.ndim == 1:
-        return [int(s) for s in split]
-    dims = shapes.get(node.input[0])
-    axis = attrs(node).get("axis", 0)
-    dim = dims[axis] if dims else 0
-    if not dim:
-        return None
-    size = int(split)
-    return [size] * (dim // size) + ([dim % size] if dim % size else [])
+        sizes = [int(s) for s in split]
+    else:
+        dims = shapes.get(node.input[0])
+        axis = attrs(node).get("axis", 0)
+        dim = dims[axis] if dims else 0
+        if not dim:
+            return None
+        size = int(split)
+        sizes = [size] * (dim // size) + ([dim % size] if dim % size else [])
+    indices = [int(consts[r.input[1]]) for r in readers]
+    if len(set(indices)) != len(indices) or not all(0 <= i < len(sizes) for i in indices):
+        return None  # a slice read twice, or from the end: left as the exporter wrote it
+    return sizes

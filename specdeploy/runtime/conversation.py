@@ -34,10 +34,10 @@ class Conversation:
                stats: GenerationStats | None = None) -> Iterator[Piece]:
         """Add a user message and stream the reply; the reply joins the history when it ends."""
         self.messages.append({"role": "user", "content": content})
-        prompt = self._prompt()
-        rendered = self.engine.tokenizer.apply_chat_template(self.messages)
         texts, tokens = [], []
         try:
+            prompt = self._prompt()
+            rendered = self.engine.tokenizer.apply_chat_template(self.messages)
             for piece in self.engine.stream_ids(prompt, config or GenerationConfig(), stats):
                 texts.append(piece.text)
                 tokens.extend(piece.tokens)

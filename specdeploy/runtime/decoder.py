@@ -144,8 +144,9 @@ class Decoder:
         valid, pending = len(prompt), step.tokens[0]
         stats.prefill_s = stats.first_token_s = time.perf_counter() - began
         produced, started = 0, time.perf_counter()
+        ignore_eos = config.ignore_eos and processor.constraint is None  # a grammar's end is the end
         while True:
-            keep = self._trim(step, config, produced)
+            keep = self._trim(step, config, produced, ignore_eos)
             produced += len(keep.tokens)
             stats.generated_tokens = produced
             stats.decode_s = time.perf_counter() - started
@@ -184,14 +185,15 @@ class Decoder:
             rows = prompt[start : start + self.prefill_chunk]
             final = self.model.verify_pass(self.model.draft_pass(rows, start), start)   # [C, H]
             nexts = prompt[start + 1 : start + 1 + len(rows)]
-            out += token_logprobs(self.model.logits(final[: len(nexts)]), nexts, top)  # [C, V] logits
+            if nexts:  # the prompt's last token has nothing after it to score
+                out += token_logprobs(self.model.logits(final[: len(nexts)]), nexts, top)  # [C, V] logits
         self.model.kept = len(prompt)
         return out
 
-    def _trim(self, step: Emitted, config: GenerationConfig, produced: int) -> Emitted:
+    def _trim(self, step: Emitted, config: GenerationConfig, produced: int, ignore_eos: bool) -> Emitted:
         """Cut a step at the first EOS (dropped) and at max_new_tokens."""
         n = min(len(step.tokens), config.max_new_tokens - produced)
-        if not config.ignore_eos:
+        if not ignore_eos:
             for i, token in enumerate(step.tokens[:n]):
                 if token in self.eos:
                     n = i
@@ -208,7 +210,7 @@ class Decoder:
         draft = drafter.draft(history, pending, valid, num_draft_tokens, settings, rng) if num_draft_tokens else None
         if draft is None:  # plain step: speculation off, no room left, or nothing to look up
             draft = Draft([], None, self.model.draft_pass([pending], valid), PLAIN)
-        draft = _cut(draft, processor, params.greedy)
+        draft = _cut(draft, processor, params.greedy, keep_whole=not self.reuse)
         drafted = time.perf_counter()
         final = self.model.verify_pass(draft.hidden, valid)  # [m+1, H]
         raw = self.model.logits(final)                      # [m+1, V]
@@ -230,13 +232,14 @@ class Decoder:
         return emitted, valid + accepted + 1, token
 
 
-def _cut(draft: Draft, processor: RowProcessor, greedy: bool) -> Draft:
+def _cut(draft: Draft, processor: RowProcessor, greedy: bool, keep_whole: bool = False) -> Draft:
     """The draft up to its first token the grammar forbids, which could never be accepted. Only
     where cutting keeps the result exact: greedy, or a copied (one-hot) draft when sampling; a
     sampled distribution's draws stay, for rejection sampling against the masked rows to judge. A
-    feature head's draft stays whole: its head reads the features of the rows its draft pass wrote."""
+    feature head's drafter reads the features of the rows each draft pass wrote, so where a bundle has
+    one (`keep_whole`) every draft stays whole and the masked rows reject what the grammar forbids."""
     keep = processor.allowed(draft.tokens)
-    if keep == len(draft.tokens) or draft.source == FEATURE or not (greedy or draft.probs is None):
+    if keep == len(draft.tokens) or keep_whole or draft.source == FEATURE or not (greedy or draft.probs is None):
         return draft
     probs = None if draft.probs is None else draft.probs[:keep]
     return Draft(draft.tokens[:keep], probs, draft.hidden[: keep + 1], draft.source, draft.match)

@@ -67,7 +67,11 @@ class Engine:
         on_gpu = backend == "tensorrt" or (provider or "cpu") != "cpu"
         fixed_rows = fixed_rows or (min(self.model.max_rows, MAX_DRAFT_TOKENS + 1) if on_gpu else None)
         if fixed_rows:
-            self.model.set_fixed_rows(check_prefill_chunk(fixed_rows))
+            if check_prefill_chunk(fixed_rows) > self.model.max_rows:
+                self.model.close()
+                raise ConfigError(f"fixed_rows={fixed_rows} is more than the {self.model.max_rows} rows the engines "
+                                  f"were built for; lower it or rebuild them with a larger --max-prompt")
+            self.model.set_fixed_rows(fixed_rows)
         if backend == "onnxruntime":
             try:
                 self.row_check = row_check.verify_at_load(self.model, provider or "cpu")

@@ -1,6 +1,6 @@
 """Logit warping and sampling: pure functions over numpy arrays.
 
-Warping (temperature, top-k, min-p, top-p) is applied identically to the target and draft rows, so the
+Warping (temperature, top-k, top-p, min-p) is applied identically to the target and draft rows, so the
 exactness guarantee holds for the warped target distribution.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from ..config import SamplingParams
 
 
 def warp(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """Probabilities [N, V] from logits [N, V] after temperature, top-k, min-p and top-p."""
+    """Probabilities [N, V] from logits [N, V] after temperature, top-k, top-p and min-p."""
     x = logits.astype(np.float64) / params.temperature  # [N, V]
     if params.top_k is not None and params.top_k < x.shape[-1]:
         kth = np.partition(x, -params.top_k, axis=-1)[:, -params.top_k][:, None]
@@ -19,11 +19,11 @@ def warp(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     x = x - x.max(axis=-1, keepdims=True)
     probs = np.exp(x)
     probs /= probs.sum(axis=-1, keepdims=True)
-    if params.min_p:  # the row's maximum is 1 after the shift: keep what reaches min_p of it
-        probs = np.where(np.exp(x) >= params.min_p, probs, 0.0)
-        probs /= probs.sum(axis=-1, keepdims=True)
     if params.top_p is not None and params.top_p < 1.0:
         probs = _top_p(probs, params.top_p)
+    if params.min_p:  # after top-p, as Hugging Face and vLLM order them; the row's top is exp(0) = 1
+        probs = np.where(np.exp(x) >= params.min_p, probs, 0.0)
+        probs /= probs.sum(axis=-1, keepdims=True)
     return probs
 
 

@@ -42,9 +42,14 @@ class Tokenizer:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = _raise
             self._template = env.from_string(self.chat_template)
-        return self._template.render(
-            messages=messages, add_generation_prompt=True, bos_token=self.bos_token, eos_token=""
-        )
+        try:
+            return self._template.render(
+                messages=messages, add_generation_prompt=True, bos_token=self.bos_token, eos_token=""
+            )
+        except ConfigError:
+            raise
+        except Exception as exc:  # the template's own error (jinja2's, or a type error inside it)
+            raise ConfigError(f"the model's chat template could not render these messages: {exc}") from None
 
 
 def _raise(message):

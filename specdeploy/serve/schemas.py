@@ -58,8 +58,11 @@ def _messages(body: dict) -> list[dict]:
         raise RequestError("'messages' is required: a non-empty list of {role, content} objects")
     if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
         raise RequestError("each message needs a string 'role' and a string 'content'")
-    return [{**m, "content": "" if m.get("tool_calls") and m.get("content") is None else _content(m.get("content"))}
-            for m in messages]
+    out = []
+    for m in messages:  # role and content only reach a template (tool calls: serve/tools.py renders them)
+        content = "" if m.get("tool_calls") and m.get("content") is None else _content(m.get("content"))
+        out.append({"role": m["role"], "content": content, **({"tool_calls": m["tool_calls"]} if m.get("tool_calls") else {})})
+    return out
 
 
 def _is_ids(value) -> bool:
@@ -153,6 +156,8 @@ def parse(body, chat: bool, max_context: int, default_max_tokens: int = 256) -> 
         except ConfigError as exc:
             raise RequestError(str(exc)) from None
         tools = response_format is not None
+    if chat:
+        prompt = [{"role": m["role"], "content": m["content"]} for m in prompt]
     if _typed(body, "n", int, 1, lambda v: True, "an integer") != 1:
         raise RequestError("'n' must be 1: this server returns one choice per request")
     top_k = _typed(body, "top_k", int, None, lambda v: v >= -1, "an integer >= -1 (0 or -1 disables)")

@@ -26,8 +26,9 @@ class ServeConfig:
     prefix_reuse: bool = True               # keep the last sequence's KV rows for the next request
 
     def __post_init__(self):
-        if self.api_key is not None and (not self.api_key.strip() or any(c.isspace() for c in self.api_key)):
-            raise ConfigError("--api-key must be a non-empty key without spaces")
+        if self.api_key is not None and (not self.api_key.strip() or not self.api_key.isascii()
+                                         or any(c.isspace() for c in self.api_key)):
+            raise ConfigError("--api-key must be a non-empty key of ASCII characters without spaces")
         if not (0 <= self.port <= 65535):
             raise ConfigError(f"port={self.port} must be in 0..65535")
         if self.max_queue < 1:

@@ -42,7 +42,8 @@ def _choice(tool_choice, names: list[str]) -> str | None:
         return tool_choice or "auto"
     if tool_choice == "none":
         return None
-    name = (tool_choice.get("function") or {}).get("name") if isinstance(tool_choice, dict) else None
+    fn = tool_choice.get("function") if isinstance(tool_choice, dict) else None
+    name = fn.get("name") if isinstance(fn, dict) else None
     if name not in names:
         raise RequestError(f"'tool_choice' must be \"auto\", \"required\", \"none\" or "
                            f"{{\"type\": \"function\", \"function\": {{\"name\": one of {names}}}}}")
@@ -72,7 +73,10 @@ def _history(messages: list[dict]) -> list[dict]:
     for m in messages:
         calls = m.get("tool_calls")
         if m.get("role") == "assistant" and calls:
-            fn = calls[0].get("function", {}) if isinstance(calls, list) and isinstance(calls[0], dict) else {}
+            fn = calls[0].get("function") if isinstance(calls, list) and isinstance(calls[0], dict) else None
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                raise RequestError("an assistant message's 'tool_calls' must be [{\"type\": \"function\", "
+                                   "\"function\": {\"name\": ..., \"arguments\": \"{...}\"}}]")
             arguments = fn.get("arguments", "{}")
             try:
                 arguments = json.loads(arguments) if isinstance(arguments, str) else arguments

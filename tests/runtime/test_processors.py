@@ -123,3 +123,11 @@ def test_sampled_constrained_speculative_matches_plain(tiny_engine, monkeypatch)
                      draft_source="early_exit", **options)
     assert all([t % 2 for t in out] == [0, 1, 0] for out in plain | spec)
     assert homogeneity_chi2(plain, spec) < CHI2_999_10DOF
+
+
+def test_a_grammars_end_ends_the_output_even_with_ignore_eos(tiny_engine, monkeypatch):
+    prompt = [int(t) for t in np.random.default_rng(4).integers(2, 96, 10)]
+    plain = tiny_engine.generate_ids(prompt, constrained(tiny_engine, monkeypatch, speculative=False, ignore_eos=True))
+    spec = tiny_engine.generate_ids(prompt, constrained(tiny_engine, monkeypatch, draft_source="lookup",
+                                                        ignore_eos=True))
+    assert spec == plain and len(plain) == 4

@@ -102,6 +102,8 @@ def test_the_api_key_is_asked_for_everywhere_but_health_and_the_page(keyed):
     wrong = httpx.get(keyed.url + "/v1/models", headers={"Authorization": "Bearer nope"})
     assert wrong.status_code == 401 and "API key" in wrong.json()["error"]["message"]
     assert httpx.get(keyed.url + "/health").status_code == 200 and httpx.get(keyed.url + "/").status_code == 200
+    lower = httpx.get(keyed.url + "/v1/models", headers={"Authorization": f"bearer {KEY}"})
+    assert lower.status_code == 200  # the scheme's case does not matter (RFC 7235)
     client = openai.OpenAI(base_url=keyed.url + "/v1", api_key=KEY, max_retries=0)
     assert client.completions.create(model="m", prompt="w5", max_tokens=2).usage.completion_tokens >= 1
     with pytest.raises(openai.AuthenticationError):

@@ -43,7 +43,18 @@ def test_earlier_calls_and_results_are_shown_as_the_model_wrote_them():
     ({"tools": [{"type": "function", "function": {}}]}, "each tool"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "not both"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": "get_weather"}}, "tool_choice"),
+    ({"tools": [WEATHER], "messages": ASK + [{"role": "assistant", "content": None,
+                                              "tool_calls": [{"function": None}]}]}, "tool_calls"),
 ])
 def test_bad_tools_are_refused(body, fragment):
     with pytest.raises(RequestError, match=fragment):
         parse({"messages": ASK, **body}, chat=True, max_context=512)
+
+
+def test_without_tools_a_template_sees_roles_and_content_only():
+    history = ASK + [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f"}}]},
+                     {"role": "user", "content": "ok", "name": "ann"}]
+    req = parse({"messages": history}, chat=True, max_context=512)
+    assert req.prompt == [{"role": "user", "content": "Weather in Oslo?"}, {"role": "assistant", "content": ""},
+                          {"role": "user", "content": "ok"}]
