@@ -34,11 +34,11 @@ def test_a_quantized_bundle_says_which_attention_it_runs(int4_bundle):
     bundle, lines = int4_bundle
     m = manifest_io.read(bundle)
     if FUSED_HERE:
-        assert m.extra["fused_attention"] == {"draft": 2, "verify": 2}
+        assert m.fused_attention == {"draft": 2, "verify": 2}
         assert "attention: one GroupQueryAttention kernel a layer (draft 2, verify 2 layers)" in lines
         assert m.kv_spare_rows == 1 and m.kv_shape == (1, 2, 129, 16)
     else:  # the kernel's rows depend on the call on this machine: op by op, said so
-        assert "fused_attention" not in m.extra and m.kv_spare_rows == 0
+        assert not m.fused_attention and m.kv_spare_rows == 0
         assert any(line.startswith("attention: op by op") for line in lines)
     assert m.row_check["passed"]
 
@@ -77,7 +77,7 @@ def test_attention_ops_keeps_the_exported_form(tiny_bundle, tmp_path):
     assert result.exit_code == 0, result.output
     assert "attention: op by op (as asked (--attention ops))" in result.output
     m = manifest_io.read(out)
-    assert "fused_attention" not in m.extra and m.kv_shape[2] == m.max_context
+    assert not m.fused_attention and m.kv_shape[2] == m.max_context
     ops = {n.op_type for n in onnx.load(str(out / m.graph("draft").file), load_external_data=False).graph.node}
     assert "GroupQueryAttention" not in ops and "RotaryEmbedding" in ops
 
@@ -89,10 +89,10 @@ def test_a_row_dependent_fused_bundle_is_refused_with_the_way_out(int4_bundle, m
     bundle, _ = int4_bundle
     manifest = manifest_io.read(bundle)
     monkeypatch.setattr(row_check, "check_bundle", lambda *a, **k: row_check.RowCheck(False, {"verify": 1e-7}, "m"))
-    fused = manifest.replace(extra={**manifest.extra, "fused_attention": {"draft": 2, "verify": 2}})
+    fused = manifest.replace(fused_attention={"draft": 2, "verify": 2})
     with pytest.raises(RowDependenceError, match="or quantize with --attention ops"):
         row_check.require(bundle, fused, echo=lambda s: None)
-    plain = manifest.replace(extra={k: v for k, v in manifest.extra.items() if k != "fused_attention"})
+    plain = manifest.replace(fused_attention={})
     with pytest.raises(RowDependenceError) as refused:
         row_check.require(bundle, plain, echo=lambda s: None)
     assert "--attention ops" not in str(refused.value)

@@ -302,10 +302,10 @@ def test_an_int4_bundle_by_the_operator_is_exact_and_names_it(q4_0_bundle):
     bundle, lines = q4_0_bundle
     manifest = manifest_io.read(bundle)
     assert manifest.operators == (kernels.Q4_0,) and manifest.row_check["passed"]
-    in_place = manifest.extra["read_in_place"]         # what the runtime reads into huge-page memory
+    in_place = manifest.read_in_place         # what the runtime reads into huge-page memory
     size = (bundle / manifest.weights).stat().st_size
     assert {"draft", "verify", "head"} <= set(in_place)
-    assert all(0 <= offset and offset + length <= size for rows in in_place.values() for _, offset, length, _, _ in rows)
+    assert all(0 <= w.offset and w.offset + w.length <= size for rows in in_place.values() for w in rows)
     assert any("matmuls by specdeploy's operators (read in place)" in line for line in lines)
     assert any(line.startswith("head:") and "1 matmul by specdeploy's operators" in line for line in lines)
     for name, op in (("draft", q4_0.OP), ("verify", q4_0.OP), ("head", q8.OP)):   # the LM head at 8 bits
@@ -354,10 +354,10 @@ def test_the_operators_weights_are_read_into_memory_of_their_own_and_compute_the
     manifest = manifest_io.read(bundle)
     weights, held = backend.in_place_weights(bundle, manifest)
     names, values = weights["verify"]
-    assert held is not None and len(names) == len(manifest.extra["read_in_place"]["verify"])
+    assert held is not None and len(names) == len(manifest.read_in_place["verify"])
     raw = (bundle / manifest.weights).read_bytes()
-    for value, (_, offset, length, _, _) in zip(values, manifest.extra["read_in_place"]["verify"]):
-        assert value.numpy().tobytes() == raw[offset:offset + length]
+    for value, weight in zip(values, manifest.read_in_place["verify"]):
+        assert value.numpy().tobytes() == raw[weight.offset:weight.offset + weight.length]
     path = str(bundle / manifest.graphs["verify"].file)
     mapped = ort.InferenceSession(path, backend.session_options(operators=manifest.operators))
     options = backend.session_options(operators=manifest.operators)

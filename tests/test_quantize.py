@@ -117,11 +117,11 @@ def test_graph_ops_match_precision(quantized):
         # are independent here ("mixed" keeps a float verify graph), else rotary as one op
         assert {"SkipSimplifiedLayerNormalization", "Split"} <= ops
         kernels = sum(n.op_type == "GroupQueryAttention" for n in draft.graph.node)
-        if "fused_attention" in m.extra:
+        if m.fused_attention:
             assert kernels == 2 and "RotaryEmbedding" not in ops and m.kv_shape[2] == m.max_context + 1
         else:
             assert kernels == 0 and "RotaryEmbedding" in ops and m.kv_shape[2] == m.max_context
-        assert ("fused_attention" in m.extra) == (kind != "mixed" and kernel_row_independent(4, 2, 16))
+        assert bool(m.fused_attention) == (kind != "mixed" and kernel_row_independent(4, 2, 16))
         assert len(nbits) == 4 * 2  # two layers of four matmuls: qkv, o, gate-up, down
         assert m.graph("draft").precision == ("int8" if kind == "mixed" else kind.split("-")[0])
         assert m.row_check["passed"] and set(m.row_check["max_diff"].values()) == {0.0}

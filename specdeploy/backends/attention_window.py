@@ -20,7 +20,6 @@ from ..errors import BackendError
 
 PROBE = Path(__file__).with_name("gqa_window_probe.onnx")
 PROBE_WINDOW, PROBE_ROWS = 2, 8  # the probe's local_window_size and rows (q, k, v [1, rows, 16])
-SHIFT_KEY = "attention_window_shift"
 
 
 @functools.lru_cache(maxsize=None)
@@ -42,7 +41,7 @@ def shift() -> int:
 
 def check(manifest, provider: str) -> None:
     """Refuse a bundle whose sliding-window attention was built for another count of the window."""
-    built = (manifest.extra or {}).get(SHIFT_KEY)
+    built = manifest.attention_window_shift
     if built is None or provider != "cpu" or built == shift():
         return
     import onnxruntime as ort

@@ -15,7 +15,6 @@ from ..bundle import io_names
 from ..bundle.manifest import GraphInfo, Manifest
 from ..constants import PROVIDERS
 from ..errors import BackendError, ConfigError
-from ..kernels import IN_PLACE_KEY
 from . import attention_window
 from .base import OutputBuffers, usable_cpus
 from .residency import anonymous_regions, collapse_new, drop_cached, page_out, read_anonymous, trim_heap, zeroed
@@ -167,17 +166,17 @@ def in_place_weights(bundle: Path, manifest: Manifest) -> tuple[dict[str, tuple[
     where two graphs name it (the tied embedding and the LM head), and handed to ONNX Runtime as it
     is instead of the file mapping ONNX Runtime would make: the same bytes, held once, streamed
     without a TLB miss every 4 KB."""
-    table = manifest.extra.get(IN_PLACE_KEY) or {}
-    spans = sorted({(e[1], e[2]) for entries in table.values() for e in entries})
+    table = manifest.read_in_place
+    spans = sorted({(e.offset, e.length) for entries in table.values() for e in entries})
     if not spans:
         return {}, None
     region, views = read_anonymous(Path(bundle) / manifest.weights, spans)
     view_of = dict(zip(spans, views))
     weights = {}
     for graph, entries in table.items():
-        values = [ort.OrtValue.ortvalue_from_numpy(np.frombuffer(view_of[(e[1], e[2])], np.dtype(e[3])).reshape(e[4]))
-                  for e in entries]
-        weights[graph] = ([e[0] for e in entries], values)
+        values = [ort.OrtValue.ortvalue_from_numpy(np.frombuffer(view_of[(e.offset, e.length)], np.dtype(e.dtype))
+                                                   .reshape(e.shape)) for e in entries]
+        weights[graph] = ([e.name for e in entries], values)
     return weights, region
 
 
@@ -205,9 +204,9 @@ def check_provider(manifest: Manifest, provider: str) -> None:
     providers): refused in one line naming the target to export for."""
     if provider == "cpu":
         return
-    fused = manifest.extra.get("fused_attention") or {}
     what = [w for w, used in (("specdeploy's int4 operators (CPU code)", manifest.operators),
-                              ("fused float32 attention (CPU GroupQueryAttention)", any(fused.values()))) if used]
+                              ("fused float32 attention (CPU GroupQueryAttention)", any(manifest.fused_attention.values())))
+            if used]
     if what:
         raise BackendError(
             f"this bundle is made for --target {manifest.target}: its {' and '.join(what)} cannot run on --provider "

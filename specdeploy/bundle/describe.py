@@ -29,7 +29,7 @@ def describe(bundle: Path, verify: bool = False) -> str:
     ]
     if m.operators:
         lines.append(f"operators   specdeploy's own: {', '.join(m.operators)} (built here by 'specdeploy build-kernels')")
-    lines += _compute_lines(m.extra)
+    lines += _compute_lines({**m.extra, "fused_attention": m.fused_attention})
     for name, g in m.graphs.items():
         layers = f" layers {g.kv_layers[0]}..{g.kv_layers[1] - 1}" if g.kv_layers else ""
         lines.append(f"graph       {name:<12} {g.file:<17} {g.precision}{layers}")

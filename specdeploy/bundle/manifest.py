@@ -48,6 +48,18 @@ class SamplingDefaults:
 
 
 @dataclass(frozen=True)
+class InPlaceWeight:
+    """A span of the weights file one of specdeploy's operators reads every step: the runtime reads
+    it once into memory of its own and hands it to ONNX Runtime as the initializer `name`."""
+
+    name: str
+    offset: int
+    length: int
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class GraphInfo:
     """One graph of the bundle: file, I/O names, and which layers' KV buffers it binds."""
 
@@ -92,6 +104,9 @@ class Manifest:
     operators: tuple[str, ...] = ()           # specdeploy's own operators the graphs use (kernels/): "q4_0.v2"
     sampling_defaults: SamplingDefaults | None = None  # the model's generation defaults (None: greedy)
     target: str = "cpu"                       # what the graph forms are made for (config.TARGET_FORMS)
+    fused_attention: dict[str, int] = field(default_factory=dict)  # graph -> layers whose attention is one GQA kernel
+    attention_window_shift: int | None = None  # keys GQA counts past its window, where fused layers are windowed
+    read_in_place: dict[str, tuple[InPlaceWeight, ...]] = field(default_factory=dict)  # graph -> its operators' weights
     files: dict[str, FileRecord] = field(default_factory=dict)  # every bound file; filled in by write()
     schema_version: int = SCHEMA_VERSION
     format: str = FORMAT
@@ -138,9 +153,29 @@ def from_dict(d: dict) -> Manifest:
         )
     if "files" not in d:
         schema.fail("files", "is missing")
-    manifest = schema.build(Manifest, d)
+    manifest = schema.build(Manifest, _typed_from_extra(d))
     schema.check(manifest)
     return manifest
+
+
+FROM_EXTRA = ("fused_attention", "attention_window_shift", "read_in_place")  # earlier bundles kept these in extra
+
+
+def _typed_from_extra(d: dict) -> dict:
+    """An earlier manifest's `extra` records that are fields now, moved into their fields."""
+    extra = d.get("extra")
+    if not isinstance(extra, dict) or not any(key in extra for key in FROM_EXTRA):
+        return d
+    d, extra = dict(d), dict(extra)
+    for key in FROM_EXTRA:
+        if key in extra and key not in d:
+            d[key] = extra.pop(key)
+    table = d.get("read_in_place")
+    if isinstance(table, dict):  # rows were [name, offset, length, dtype, shape]
+        d["read_in_place"] = {g: [dict(zip(("name", "offset", "length", "dtype", "shape"), row))
+                                  if isinstance(row, list) else row for row in rows] if isinstance(rows, list) else rows
+                              for g, rows in table.items()}
+    return {**d, "extra": extra}
 
 
 def read(bundle: Path) -> Manifest:

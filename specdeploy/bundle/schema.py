@@ -106,7 +106,7 @@ RECORDS = {
                  "engines": dict},
     "quality": {"top1_agreement": float, "perplexity": float, "perplexity_fp32": float, "acceptance_rate": float,
                 "plain_tokens_per_second": float, "speculative_tokens_per_second": float, "greedy_identical": bool},
-    "extra": {"int4_block_size": int, "source": str, "read_in_place": dict},
+    "extra": {"int4_block_size": int, "source": str},
 }
 REQUIRED = {"tensorrt": ("version", "compute_capability", "max_draft_tokens", "max_prompt", "engines")}
 ENGINE = {"file": str, "profiles": list}

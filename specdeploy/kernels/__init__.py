@@ -33,7 +33,6 @@ Q4_K = "q4_k.v1"            # Q4_KMatMul and Q4_1MatMul (int4 with minima) and t
 Q6_K = "q6_k.v1"            # Q6_KMatMul and its layout
 Q5 = "q5.v1"                # Q5_KMatMul and Q5_1MatMul (Q4_K / Q4_1 with a fifth bit) and their layouts
 NAMES = (Q4_0, Q4_K, Q5, Q6_K)    # what this library computes; a bundle naming anything else is refused at load
-IN_PLACE_KEY = "read_in_place"  # manifest.extra: graph -> [name, offset, length, dtype, shape] an operator reads every step
 HEADER = "onnxruntime_c_api.h"
 # Debian's package of ONNX Runtime's headers: any architecture's holds the same files
 HEADERS_URL = ("https://deb.debian.org/debian/pool/main/o/onnxruntime/"

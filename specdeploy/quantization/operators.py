@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..bundle.manifest import InPlaceWeight
 from ..kernels import DOMAIN, Q4_0, Q4_K, Q5, Q6_K
 
 
@@ -87,8 +88,8 @@ def names(bundle: Path, graphs: dict) -> tuple[str, ...]:
     return tuple(name for name, used in layouts if used)
 
 
-def in_place_table(bundle: Path, graphs: dict) -> dict[str, list]:
-    """graph -> [name, offset, length, dtype, shape] of each initializer holding bytes that one of
+def in_place_table(bundle: Path, graphs: dict) -> dict[str, tuple[InPlaceWeight, ...]]:
+    """graph -> the InPlaceWeight (name, offset, length, dtype, shape) of each initializer holding bytes that one of
     specdeploy's operators reads (in any graph: the draft graph's tied embedding shares the LM head's),
     in the shared weights file: what the runtime reads once into huge-page memory and hands ONNX
     Runtime (backends/onnxruntime.in_place_weights)."""
@@ -108,7 +109,8 @@ def in_place_table(bundle: Path, graphs: dict) -> dict[str, list]:
             place = places[name][tensor.name]
             if "offset" in place and (int(place["offset"]), int(place["length"])) in read:
                 dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).name
-                rows.append([tensor.name, int(place["offset"]), int(place["length"]), dtype, list(tensor.dims)])
+                rows.append(InPlaceWeight(tensor.name, int(place["offset"]), int(place["length"]), dtype,
+                                          tuple(tensor.dims)))
         if rows:
-            table[name] = rows
+            table[name] = tuple(rows)
     return table

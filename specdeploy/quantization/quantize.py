@@ -210,34 +210,33 @@ def quantize_bundle(bundle: Path, options: QuantizeOptions, texts: list[str] | N
     graphs = {n: dataclasses.replace(g, precision=plan[n]) for n, g in manifest.graphs.items()}
     if options.tensorrt:
         graphs = _tensorrt_forms(bundle, graphs, echo, TARGET_FORMS[options.target].standard_norms)
-    extra = _extra(manifest.extra, counts, bundle, graphs, plan, compute)
+    extra = _extra(manifest.extra, counts, plan, compute)
     from .operators import in_place_table, names
 
     operators = names(bundle, graphs)
-    if operators:
-        from ..kernels import IN_PLACE_KEY
-
-        extra[IN_PLACE_KEY] = in_place_table(bundle, graphs)
     seal(bundle, manifest.replace(graphs=graphs, precision=options.label(plan), extra=extra,
-                                  kv_spare_rows=int(unfused is None), operators=operators, target=options.target), echo)
+                                  kv_spare_rows=int(unfused is None), operators=operators, target=options.target,
+                                  **_attention(counts["fused_attention"], bundle, graphs),
+                                  read_in_place=in_place_table(bundle, graphs) if operators else {}), echo)
     mark("checking row independence")
     return bundle
 
 
-def _extra(extra: dict, counts: dict[str, dict[str, int]], bundle: Path, graphs: dict, plan: dict,
-           options: ComputeOptions) -> dict:
-    """The manifest's record of what quantizing did: each count per graph where any is non-zero (fused
-    attention only for the graphs that have it), the attention window's shift where a fused layer is
-    windowed, and int4's block size."""
-    extra = {**extra, **{key: c for key, c in counts.items() if any(c.values())}}
-    fused = counts["fused_attention"]
-    if any(fused.values()):
-        extra["fused_attention"] = {n: c for n, c in fused.items() if c}
-        if any(fused_count(bundle / g.file, windowed=True) for n, g in graphs.items() if fused.get(n)):
-            extra[attention_window.SHIFT_KEY] = attention_window.shift()
+def _extra(extra: dict, counts: dict[str, dict[str, int]], plan: dict, options: ComputeOptions) -> dict:
+    """The manifest's record of what quantizing did: each count per graph where any is non-zero
+    (fused attention has fields of its own: `_attention`), and int4's block size."""
+    extra = {**extra, **{key: c for key, c in counts.items() if any(c.values()) and key != "fused_attention"}}
     if "int4" in plan.values():
         extra["int4_block_size"] = options.int4_block or COMPUTE_FORMS["int4"].block_size
     return extra
+
+
+def _attention(fused: dict[str, int], bundle: Path, graphs: dict) -> dict:
+    """The manifest's fused-attention fields: the layers fused a graph (those that have any), and the
+    attention window's shift where a fused layer is windowed."""
+    fused = {n: c for n, c in fused.items() if c}
+    windowed = any(fused_count(bundle / g.file, windowed=True) for n, g in graphs.items() if fused.get(n))
+    return {"fused_attention": fused, "attention_window_shift": attention_window.shift() if windowed else None}
 
 
 def _tensorrt_forms(bundle: Path, graphs: dict, echo, standard_norms: bool = False) -> dict:

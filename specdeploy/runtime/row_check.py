@@ -148,7 +148,7 @@ def require(bundle, manifest, echo=print) -> dict:
 
     result = check_bundle(bundle, manifest)
     if not result.passed:
-        fused = any((manifest.extra.get("fused_attention") or {}).values())
+        fused = any(manifest.fused_attention.values())
         raise RowDependenceError(
             f"the {manifest.precision} graphs are not row-independent on this machine "
             f"({describe(result)}): speculative output would differ from plain output; "

@@ -176,3 +176,26 @@ def test_sealing_records_what_is_on_disk_now(tiny_bundle, tmp_path):
     sealed = manifest_io.write(bundle, manifest)
     assert manifest_io.read(bundle) == sealed
     assert sealed.files["chat_template.jinja"].bytes == len("{{ messages }}")
+
+
+def test_an_earlier_bundles_extra_records_are_read_into_their_fields(tiny_bundle, tmp_path):
+    """Bundles written before fused attention, its window shift and the in-place weights had fields
+    kept them in `extra`: they load with the same values."""
+    import json
+    import shutil
+
+    from specdeploy.bundle import manifest as manifest_io
+
+    old = tmp_path / "old.plan"
+    shutil.copytree(tiny_bundle, old)
+    data = json.loads((old / "manifest.json").read_text())
+    data["extra"] = {**data.get("extra", {}), "fused_attention": {"draft": 2}, "attention_window_shift": 1,
+                     "read_in_place": {"verify": [["w", 0, 16, "uint8", [4, 4]]]}}
+    for key in ("fused_attention", "attention_window_shift", "read_in_place"):
+        data.pop(key, None)
+    (old / "manifest.json").write_text(json.dumps(data))
+    m = manifest_io.read(old)
+    assert m.fused_attention == {"draft": 2} and m.attention_window_shift == 1
+    (weight,) = m.read_in_place["verify"]
+    assert (weight.name, weight.offset, weight.length, weight.dtype, weight.shape) == ("w", 0, 16, "uint8", (4, 4))
+    assert not {"fused_attention", "attention_window_shift", "read_in_place"} & set(m.extra)

@@ -199,7 +199,7 @@ def test_scatter_nd_kv_writes_fuse_too(tmp_path):
     assert _fused_layers(bundle / manifest_io.read(bundle).graph("verify").file) == 2
     if kernel_row_independent(4, 2, 16):
         out = quantize(bundle, tmp_path / "int4", QuantizeOptions("int4", report=False), echo=lambda s: None)
-        assert manifest_io.read(out).extra["fused_attention"] == {"draft": 2, "verify": 2}
+        assert manifest_io.read(out).fused_attention == {"draft": 2, "verify": 2}
         cfg = dict(max_new_tokens=30, ignore_eos=True)
         with Engine(out) as engine:
             plain = engine.generate_ids([4, 5, 6], GenerationConfig(speculative=False, **cfg))
@@ -257,7 +257,7 @@ def _fused_copy(bundle, target):
         counts[name]["attention"] = attention.fuse_attention(model, manifest.max_context) if graph.kv_layers else 0
         onnx.save(model, str(target / graph.file), save_as_external_data=True, location=graph.file + ".data")
     fused = {name: c["attention"] for name, c in counts.items()}
-    manifest_io.write(target, manifest.replace(kv_spare_rows=1, extra={**manifest.extra, "fused_attention": fused}))
+    manifest_io.write(target, manifest.replace(kv_spare_rows=1, fused_attention={k: v for k, v in fused.items() if v}))
     return target, counts
 
 
@@ -298,14 +298,14 @@ def test_a_windowed_int4_bundle_is_exact_and_refused_where_the_window_counts_dif
     bundle = export_tiny("gemma3_text", tmp_path, exit_layer=2)
     out = quantize(bundle, tmp_path / "int4", QuantizeOptions("int4", report=False), echo=lambda s: None)
     m = manifest_io.read(out)
-    assert m.extra["fused_attention"] == {"draft": 2, "verify": 2}
-    assert m.extra[attention_window.SHIFT_KEY] == attention_window.shift()
+    assert m.fused_attention == {"draft": 2, "verify": 2}
+    assert m.attention_window_shift == attention_window.shift()
     cfg = dict(max_new_tokens=24, ignore_eos=True)
     with Engine(out) as engine:
         plain = engine.generate_ids(PROMPTS[0], GenerationConfig(speculative=False, **cfg))
         for source in ("early_exit", "lookup", "hybrid"):
             spec = engine.generate_ids(PROMPTS[0], GenerationConfig(num_draft_tokens=4, draft_source=source, **cfg))
             assert spec == plain, source
-    monkeypatch.setattr(attention_window, "shift", lambda: m.extra[attention_window.SHIFT_KEY] + 1)
+    monkeypatch.setattr(attention_window, "shift", lambda: m.attention_window_shift + 1)
     with pytest.raises(BackendError, match="--attention ops"):
         Engine(out)
