@@ -4,7 +4,9 @@ Prints a short table per bundle (fp32, and the int4 one with its TensorRT form):
 speculative, acceptance, the max logit difference of the GPU path against the CPU bundle, and
 whether the GPU graphs are bitwise row-independent (runtime.row_check). Uses native TensorRT when
 `tensorrt` imports (int4/int8 from the DequantizeLinear form), else ONNX Runtime's CUDA provider
-(MatMulNBits) when onnxruntime-gpu is installed; says which it could not run.
+(MatMulNBits) when onnxruntime-gpu is installed; says which it could not run. On the GPU every
+decoding pass carries one padded row count (Engine's fixed_rows, the GPU default: docs/gpus.md), so
+"greedy identical" there checks the identity rule on this GPU.
 """
 from __future__ import annotations
 
