@@ -1,6 +1,7 @@
 """Tokenizer, chat template and UTF-8-safe streaming detokenization (no transformers needed)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ..errors import BundleError, ConfigError
@@ -16,6 +17,7 @@ class Tokenizer:
         self.chat_template = chat_template
         self._template = None
         self.bos_token = self._tok.id_to_token(bos_token_id) if bos_token_id is not None else ""
+        self._byte_level: bool | None = None  # its decoder maps bytes to GPT-2's printable alphabet
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
@@ -26,6 +28,22 @@ class Tokenizer:
     def token_text(self, token: int) -> str:
         """One token's own text, special tokens included (what logprobs name it by)."""
         return self._tok.decode([token], skip_special_tokens=False)
+
+    def token_bytes(self, token: int) -> bytes:
+        """One token's own bytes, a character's first byte alone included (OpenAI's logprobs `bytes`):
+        byte-level BPE's alphabet mapped back, SentencePiece's <0xNN> and "▁" read; else its text's UTF-8."""
+        piece = self._tok.id_to_token(token)
+        if piece is None:
+            return b""
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            return bytes([int(piece[3:5], 16)])
+        if self._byte_level is None:
+            decoder = json.loads(self._tok.to_str()).get("decoder") or {}
+            steps = decoder.get("decoders") or [decoder]
+            self._byte_level = any(step.get("type") == "ByteLevel" for step in steps if isinstance(step, dict))
+        if self._byte_level and all(c in BYTE_OF for c in piece):
+            return bytes(BYTE_OF[c] for c in piece)
+        return self.token_text(token).encode("utf-8")
 
     def apply_chat_template(self, messages: list[dict]) -> str:
         """Render chat messages with the model's own template, ready for the assistant's turn."""
@@ -92,3 +110,19 @@ def encode_plain(tokenizer: Tokenizer, model, text: str) -> list[int]:
     if model.add_bos_token and bos is not None and ids[:1] != [bos]:
         ids = [bos, *ids]
     return ids
+
+
+def _byte_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: each byte's printable stand-in, as byte-level BPE vocabularies write bytes."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+BYTE_OF = _byte_alphabet()

@@ -155,7 +155,7 @@ class Server:
     def _chat_logprobs(self, req: Request, entries) -> dict | None:
         if req.config.logprobs is None:
             return None
-        return logprobs_format.chat(entries, self.engine.tokenizer.token_text)
+        return logprobs_format.chat(entries, self.engine.tokenizer)
 
     def _completion_choice(self, job: Job, req: Request, text: str, entries) -> dict:
         """A completions choice; with echo, the prompt's text and logprobs come first."""

@@ -7,14 +7,15 @@ from typing import Callable
 from ..runtime.logprobs import TokenLogprob
 
 
-def _entry(text: str, logprob: float) -> dict:
-    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+def _entry(tokenizer, token: int, logprob: float) -> dict:
+    return {"token": tokenizer.token_text(token), "logprob": logprob, "bytes": list(tokenizer.token_bytes(token))}
 
 
-def chat(entries: list[TokenLogprob], text: Callable[[int], str]) -> dict:
-    """{"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}"""
-    return {"content": [{**_entry(text(e.token), e.logprob),
-                         "top_logprobs": [_entry(text(t), lp) for t, lp in e.top]} for e in entries]}
+def chat(entries: list[TokenLogprob], tokenizer) -> dict:
+    """{"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}: `bytes` are the
+    token's own (a character split across tokens shows its bytes where its text cannot)."""
+    return {"content": [{**_entry(tokenizer, e.token, e.logprob),
+                         "top_logprobs": [_entry(tokenizer, t, lp) for t, lp in e.top]} for e in entries]}
 
 
 def completion(tokens: list[int], entries: list[TokenLogprob | None], text: Callable[[int], str],
