@@ -22,6 +22,7 @@ import numpy as np
 from ..config import ResponseFormat
 from ..constants import MAX_DRAFT_TOKENS
 from ..errors import ConfigError
+from .tokenizer import byte_level
 
 JSON_OPTIONS = {"whitespace_flexible": False}
 ANY_OBJECT = {"type": "object"}
@@ -65,9 +66,7 @@ def _tokenizer_json(path: Path) -> str:
     that wraps ByteLevel in a sequence (ByteFallback, Fuse, ...) would make it take the byte-level
     alphabet literally and refuse every token that starts with a space."""
     data = json.loads(path.read_text())
-    decoder = data.get("decoder") or {}
-    steps = (decoder.get("decoders") or []) if decoder.get("type") == "Sequence" else []
-    if any(step.get("type") == "ByteLevel" for step in steps):
+    if byte_level(data) and (data.get("decoder") or {}).get("type") == "Sequence":
         data["decoder"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
     return json.dumps(data)
 

@@ -43,18 +43,30 @@ class RowProcessor:
             return logits
         out = np.array(logits, np.float32)                                      # [R, V]
         rows = out.shape[0]
-        masks = self.constraint.masks(drafts[: rows - 1]) if self.constraint is not None else None  # [R, V]
-        counts, seen = (self.counts.copy(), self.seen.copy()) if self.penalties.active else (None, None)
-        for i in range(rows):
-            if counts is not None:
-                if i:
-                    counts[drafts[i - 1]] += 1
-                    seen[drafts[i - 1]] = True
-                self._penalize(out[i], counts, seen)
-            if masks is not None:
-                out[i, : masks.shape[1]][~masks[i]] = -np.inf
-                out[i, masks.shape[1]:] = -np.inf  # columns past the tokenizer's vocabulary
+        if self.penalties.active:
+            self._penalize_rows(out, drafts[: rows - 1])
+        if self.constraint is not None:
+            masks = self.constraint.masks(drafts[: rows - 1])                   # [R, V'] allowed tokens
+            out[:, : masks.shape[1]][~masks] = -np.inf
+            out[:, masks.shape[1]:] = -np.inf  # columns past the tokenizer's vocabulary
         return out
+
+    def _penalize_rows(self, out: np.ndarray, drafts: list[int]) -> None:
+        """Row i penalized from the output so far plus drafts[:i]: the drafts are counted in place
+        as the rows go and taken back after (no copy of the [V] counts a round)."""
+        added: list[tuple[int, bool]] = []
+        try:
+            for i in range(out.shape[0]):
+                if i:
+                    token = drafts[i - 1]
+                    added.append((token, bool(self.seen[token])))
+                    self.counts[token] += 1
+                    self.seen[token] = True
+                self._penalize(out[i], self.counts, self.seen)
+        finally:
+            for token, was_seen in reversed(added):
+                self.counts[token] -= 1
+                self.seen[token] = was_seen
 
     def _penalize(self, row: np.ndarray, counts: np.ndarray, seen: np.ndarray) -> None:
         p = self.penalties

@@ -21,8 +21,8 @@ def warp(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     probs /= probs.sum(axis=-1, keepdims=True)
     if params.top_p is not None and params.top_p < 1.0:
         probs = _top_p(probs, params.top_p)
-    if params.min_p:  # after top-p, as Hugging Face and vLLM order them; the row's top is exp(0) = 1
-        probs = np.where(np.exp(x) >= params.min_p, probs, 0.0)
+    if params.min_p:  # after top-p, as Hugging Face and vLLM order them: min_p of the row's top token
+        probs = np.where(probs >= params.min_p * probs.max(axis=-1, keepdims=True), probs, 0.0)
         probs /= probs.sum(axis=-1, keepdims=True)
     return probs
 

@@ -80,8 +80,10 @@ class SplitModel:
         return out
 
     @staticmethod
-    def _own(outputs: dict, rows: int) -> dict:
-        """A pass's outputs for its own rows (views)."""
+    def _own(outputs: dict, rows: int, carried: int) -> dict:
+        """A pass's outputs for its own rows (views; the outputs as they are where nothing was padded)."""
+        if carried == rows:
+            return outputs
         return {name: value[:, :rows] if value.ndim >= 2 else value for name, value in outputs.items()}
 
     def draft_pass(self, tokens, start: int) -> np.ndarray:
@@ -89,7 +91,7 @@ class SplitModel:
         rows = len(tokens)
         carried = self._carried(rows, start)
         feeds = {io_names.INPUT_IDS: self._ids_for(tokens, carried), **self._positional(start, carried)}
-        self.outputs[io_names.DRAFT] = self._own(self.draft_stage.run(feeds), rows)
+        self.outputs[io_names.DRAFT] = self._own(self.draft_stage.run(feeds), rows, carried)
         return self.outputs[io_names.DRAFT][io_names.HIDDEN_OUT][0]
 
     def verify_pass(self, hidden: np.ndarray, start: int) -> np.ndarray:
@@ -97,7 +99,7 @@ class SplitModel:
         rows = hidden.shape[0]
         carried = self._carried(rows, start)
         feeds = {io_names.HIDDEN_IN: self._padded(hidden, carried), **self._positional(start, carried)}
-        self.outputs[io_names.VERIFY] = self._own(self.verify_stage.run(feeds), rows)
+        self.outputs[io_names.VERIFY] = self._own(self.verify_stage.run(feeds), rows, carried)
         if self.after_verify is not None:
             self.after_verify(start, rows)
         return self.outputs[io_names.VERIFY][io_names.HIDDEN_OUT][0]

@@ -38,9 +38,7 @@ class Tokenizer:
         if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
             return bytes([int(piece[3:5], 16)])
         if self._byte_level is None:
-            decoder = json.loads(self._tok.to_str()).get("decoder") or {}
-            steps = decoder.get("decoders") or [decoder]
-            self._byte_level = any(step.get("type") == "ByteLevel" for step in steps if isinstance(step, dict))
+            self._byte_level = byte_level(json.loads(self._tok.to_str()))
         if self._byte_level and all(c in BYTE_OF for c in piece):
             return bytes(BYTE_OF[c] for c in piece)
         return self.token_text(token).encode("utf-8")
@@ -110,6 +108,14 @@ def encode_plain(tokenizer: Tokenizer, model, text: str) -> list[int]:
     if model.add_bos_token and bos is not None and ids[:1] != [bos]:
         ids = [bos, *ids]
     return ids
+
+
+def byte_level(data: dict) -> bool:
+    """Whether a tokenizer.json's decoder maps bytes through GPT-2's byte-level alphabet (itself, or
+    as a step of a sequence)."""
+    decoder = data.get("decoder") or {}
+    steps = (decoder.get("decoders") or []) if decoder.get("type") == "Sequence" else [decoder]
+    return any(isinstance(step, dict) and step.get("type") == "ByteLevel" for step in steps)
 
 
 def _byte_alphabet() -> dict[str, int]:

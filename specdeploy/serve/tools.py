@@ -13,7 +13,7 @@ import json
 import uuid
 
 from ..config import ResponseFormat
-from ..errors import ConfigError as RequestError  # schemas.parse answers it with a 400
+from ..errors import ConfigError  # schemas.parse answers it with a 400
 
 INSTRUCTIONS = ("You can call these tools (JSON Schema of each one's arguments):\n{tools}\n"
                 "Reply with one JSON object: {{\"tool_call\": {{\"name\": <tool name>, \"arguments\": {{...}}}}}} "
@@ -22,16 +22,16 @@ INSTRUCTIONS = ("You can call these tools (JSON Schema of each one's arguments):
 
 def _functions(tools) -> list[dict]:
     if not isinstance(tools, list) or not tools:
-        raise RequestError("'tools' must be a non-empty list of {\"type\": \"function\", \"function\": {...}}")
+        raise ConfigError("'tools' must be a non-empty list of {\"type\": \"function\", \"function\": {...}}")
     out = []
     for tool in tools:
         fn = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise RequestError("each tool must be {\"type\": \"function\", \"function\": {\"name\": ..., "
+            raise ConfigError("each tool must be {\"type\": \"function\", \"function\": {\"name\": ..., "
                                "\"parameters\": {JSON Schema}}}")
         params = fn.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(params, dict):
-            raise RequestError(f"tool '{fn['name']}': 'parameters' must be a JSON Schema object")
+            raise ConfigError(f"tool '{fn['name']}': 'parameters' must be a JSON Schema object")
         out.append({"name": fn["name"], "description": fn.get("description", ""), "parameters": params})
     return out
 
@@ -45,7 +45,7 @@ def _choice(tool_choice, names: list[str]) -> str | None:
     fn = tool_choice.get("function") if isinstance(tool_choice, dict) else None
     name = fn.get("name") if isinstance(fn, dict) else None
     if name not in names:
-        raise RequestError(f"'tool_choice' must be \"auto\", \"required\", \"none\" or "
+        raise ConfigError(f"'tool_choice' must be \"auto\", \"required\", \"none\" or "
                            f"{{\"type\": \"function\", \"function\": {{\"name\": one of {names}}}}}")
     return name
 
@@ -75,13 +75,13 @@ def _history(messages: list[dict]) -> list[dict]:
         if m.get("role") == "assistant" and calls:
             fn = calls[0].get("function") if isinstance(calls, list) and isinstance(calls[0], dict) else None
             if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-                raise RequestError("an assistant message's 'tool_calls' must be [{\"type\": \"function\", "
+                raise ConfigError("an assistant message's 'tool_calls' must be [{\"type\": \"function\", "
                                    "\"function\": {\"name\": ..., \"arguments\": \"{...}\"}}]")
             arguments = fn.get("arguments", "{}")
             try:
                 arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
             except json.JSONDecodeError:
-                raise RequestError("an assistant message's tool_calls arguments are not valid JSON") from None
+                raise ConfigError("an assistant message's tool_calls arguments are not valid JSON") from None
             m = {"role": "assistant", "content": json.dumps({"tool_call": {"name": fn.get("name"),
                                                                            "arguments": arguments}})}
         out.append({"role": m["role"], "content": m.get("content") or ""})
